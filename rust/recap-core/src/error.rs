@@ -1,0 +1,43 @@
+//! One error type for the whole core. Every message says what was expected and what was got.
+
+use thiserror::Error;
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum Error {
+    /// A configuration value or argument outside its allowed range.
+    #[error("{name}: expected {expected}, got {got}")]
+    InvalidArgument {
+        name: &'static str,
+        expected: String,
+        got: String,
+    },
+    /// A token id that does not fit the vocabulary.
+    #[error("{name}: token id {token} is outside the vocabulary (expected 0 <= id < {vocab_size})")]
+    TokenOutOfRange {
+        name: &'static str,
+        token: u64,
+        vocab_size: usize,
+    },
+    /// Arrays whose lengths or shapes disagree.
+    #[error("{name}: expected shape {expected}, got {got}")]
+    ShapeMismatch {
+        name: &'static str,
+        expected: String,
+        got: String,
+    },
+    /// A call made in the wrong order (e.g. observe before propose).
+    #[error("{0}")]
+    InvalidState(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn invalid(name: &'static str, expected: impl Into<String>, got: impl ToString) -> Self {
+        Error::InvalidArgument {
+            name,
+            expected: expected.into(),
+            got: got.to_string(),
+        }
+    }
+}

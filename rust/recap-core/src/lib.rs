@@ -1,0 +1,26 @@
+//! Host-side hot paths of RECAP speculative decoding.
+//!
+//! The flow of one step: `DraftSession::propose` (fused lookups -> best-first tree ->
+//! suffix graft -> preorder), the caller verifies the tree with the target model, then
+//! `DraftSession::observe` (acceptance -> memory update -> suffix automaton append).
+
+pub mod accept;
+pub mod drafter;
+pub mod error;
+pub mod fusion;
+pub mod memory;
+pub mod recap;
+pub mod search;
+pub mod session;
+pub mod suffix;
+pub mod token_set;
+pub mod tree;
+
+pub use accept::{accept_path, Acceptance};
+pub use drafter::{Drafter, TopKRows};
+pub use error::{Error, Result};
+pub use fusion::{FusionMode, Priors};
+pub use recap::{RecapConfig, RecapDrafter, SharedMemory};
+pub use search::SearchParams;
+pub use session::DraftSession;
+pub use tree::{DraftTree, NodeSource};

@@ -1,0 +1,273 @@
+//! The RECAP drafter: fused lookups in U/C/G -> best-first tree -> suffix graft.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::drafter::{Drafter, TopKRows};
+use crate::error::{Error, Result};
+use crate::fusion::{FusionMode, Fuser, Priors, Proposal};
+use crate::memory::{key_c, key_g, row_stats, ContextTables, UnigramTable, MAX_VOCAB};
+use crate::search::{BestFirst, ProposalSource, SearchParams};
+use crate::suffix::SuffixAutomaton;
+use crate::token_set::TokenSet;
+use crate::tree::{DraftTree, NodeSource, NO_TOKEN};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecapConfig {
+    /// Entries per memory row and per proposal.
+    pub k: usize,
+    pub search: SearchParams,
+    pub priors: Priors,
+    pub fusion: FusionMode,
+    /// Suffix continuation tokens grafted from the root (0 disables the graft).
+    pub suffix_len: usize,
+    /// Row capacity of each request-local table (C and G).
+    pub context_capacity: usize,
+    /// Also seed C and G (not only U) from the prompt.
+    pub seed_context: bool,
+    /// Reset U when a request starts (ablation).
+    pub reset_unigram: bool,
+}
+
+impl Default for RecapConfig {
+    fn default() -> Self {
+        RecapConfig {
+            k: 8,
+            search: SearchParams::default(),
+            priors: Priors::default(),
+            fusion: FusionMode::default(),
+            suffix_len: 4,
+            context_capacity: 8192,
+            seed_context: false,
+            reset_unigram: false,
+        }
+    }
+}
+
+impl RecapConfig {
+    pub const MAX_K: usize = 64;
+    pub const MAX_SUFFIX: usize = 256;
+
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=Self::MAX_K).contains(&self.k) {
+            return Err(Error::invalid("k", format!("1..={}", Self::MAX_K), self.k));
+        }
+        self.search.validate()?;
+        let Priors { g, c, u } = self.priors;
+        if [g, c, u].iter().any(|p| !(p.is_finite() && *p >= 0.0)) || g + c + u <= 0.0 {
+            return Err(Error::invalid("priors", "three finite values >= 0 with a positive sum", format!("({g}, {c}, {u})")));
+        }
+        if self.suffix_len > Self::MAX_SUFFIX {
+            return Err(Error::invalid("suffix_len", format!("0..={}", Self::MAX_SUFFIX), self.suffix_len));
+        }
+        if self.context_capacity == 0 {
+            return Err(Error::invalid("context_capacity", ">= 1", 0));
+        }
+        Ok(())
+    }
+}
+
+/// The persistent unigram memory U, shareable between drafters (and threads).
+#[derive(Clone, Debug)]
+pub struct SharedMemory {
+    vocab_size: usize,
+    table: Arc<Mutex<UnigramTable>>,
+}
+
+impl SharedMemory {
+    pub const DEFAULT_CAPACITY: usize = 49_152;
+
+    pub fn new(vocab_size: usize, k: usize, capacity: usize) -> Result<Self> {
+        check_vocab(vocab_size)?;
+        if !(1..=RecapConfig::MAX_K).contains(&k) {
+            return Err(Error::invalid("k", format!("1..={}", RecapConfig::MAX_K), k));
+        }
+        if capacity == 0 {
+            return Err(Error::invalid("capacity", ">= 1", 0));
+        }
+        Ok(SharedMemory {
+            vocab_size,
+            table: Arc::new(Mutex::new(UnigramTable::new(k, capacity))),
+        })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Locks U; a poisoned lock (a panic elsewhere) still yields the table.
+    pub fn lock(&self) -> MutexGuard<'_, UnigramTable> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes()
+    }
+}
+
+pub(crate) fn check_vocab(vocab_size: usize) -> Result<()> {
+    if !(1..=MAX_VOCAB).contains(&vocab_size) {
+        return Err(Error::invalid("vocab_size", format!("1..={MAX_VOCAB}"), vocab_size));
+    }
+    Ok(())
+}
+
+/// Fused lookups for one node context: the `ProposalSource` the tree search reads.
+struct FusedSource<'a> {
+    u: &'a UnigramTable,
+    ctx: &'a ContextTables,
+    fuser: &'a mut Fuser,
+    config: &'a RecapConfig,
+}
+
+impl ProposalSource for FusedSource<'_> {
+    fn width(&self) -> usize {
+        self.config.k
+    }
+
+    #[inline]
+    fn children(&mut self, prev2: u32, prev: u32, token: u32, out: &mut Proposal) {
+        let mode = self.config.fusion;
+        let want_context = mode != FusionMode::Unigram;
+        let g = (want_context && prev != NO_TOKEN && prev2 != NO_TOKEN)
+            .then(|| self.ctx.g.get(key_g(prev2, prev, token)))
+            .flatten();
+        let c = (want_context && prev != NO_TOKEN)
+            .then(|| self.ctx.c.get(key_c(prev, token)))
+            .flatten();
+        let u = self.u.get(token);
+        self.fuser.fuse([g, c, u], mode, self.config.priors, self.config.k, out);
+    }
+}
+
+pub struct RecapDrafter {
+    config: RecapConfig,
+    memory: SharedMemory,
+    ctx: ContextTables,
+    automaton: SuffixAutomaton,
+    excluded: TokenSet,
+    fuser: Fuser,
+    search: BestFirst,
+}
+
+impl RecapDrafter {
+    pub fn new(config: RecapConfig, memory: SharedMemory, excluded: &[u32]) -> Result<Self> {
+        config.validate()?;
+        let vocab_size = memory.vocab_size();
+        if memory.lock().k() != config.k {
+            return Err(Error::invalid("memory", format!("a memory with k = {}", config.k), format!("k = {}", memory.lock().k())));
+        }
+        if let Some(&bad) = excluded.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(Error::TokenOutOfRange { name: "excluded", token: bad as u64, vocab_size });
+        }
+        Ok(RecapDrafter {
+            ctx: ContextTables::new(config.k, config.context_capacity),
+            config,
+            memory,
+            automaton: SuffixAutomaton::new(),
+            excluded: TokenSet::from_ids(vocab_size, excluded),
+            fuser: Fuser::default(),
+            search: BestFirst::default(),
+        })
+    }
+
+    pub fn config(&self) -> &RecapConfig {
+        &self.config
+    }
+    pub fn memory(&self) -> &SharedMemory {
+        &self.memory
+    }
+
+    /// Writes one row under the keys of context (prev2, prev, token).
+    fn write_row(u: &mut UnigramTable, ctx: &mut ContextTables, keys: (u32, u32, u32), ids: &[u32], probs: &[f32], context: bool) {
+        let (pp, p, t) = keys;
+        let stats = Some(row_stats(probs));
+        u.insert(t, ids, probs, stats);
+        if context && p != NO_TOKEN {
+            ctx.c.insert(key_c(p, t), ids, probs, stats);
+            if pp != NO_TOKEN {
+                ctx.g.insert(key_g(pp, p, t), ids, probs, stats);
+            }
+        }
+    }
+}
+
+fn last_two(history: &[u32]) -> [u32; 2] {
+    let n = history.len();
+    let at = |back: usize| if n > back { history[n - 1 - back] } else { NO_TOKEN };
+    [at(2), at(1)]
+}
+
+impl Drafter for RecapDrafter {
+    fn name(&self) -> &'static str {
+        "recap"
+    }
+
+    fn begin_request(&mut self, context: &[u32]) {
+        self.ctx.clear();
+        if self.config.reset_unigram {
+            self.memory.lock().clear();
+        }
+        self.automaton.clear();
+        self.automaton.extend(context);
+    }
+
+    fn seed(&mut self, context: &[u32], rows: &TopKRows<'_>) {
+        let mut u = self.memory.lock();
+        for (i, &t) in context.iter().enumerate().take(rows.rows()) {
+            if self.excluded.contains(t) {
+                continue;
+            }
+            let [pp, p] = last_two(&context[..=i]);
+            let (ids, probs) = rows.row(i);
+            Self::write_row(&mut u, &mut self.ctx, (pp, p, t), ids, probs, self.config.seed_context);
+        }
+    }
+
+    fn propose(&mut self, history: &[u32], tree: &mut DraftTree) {
+        let root = *history.last().expect("history is never empty");
+        tree.reset(root, last_two(history));
+        {
+            let u = self.memory.lock();
+            let mut source = FusedSource {
+                u: &u,
+                ctx: &self.ctx,
+                fuser: &mut self.fuser,
+                config: &self.config,
+            };
+            self.search.build(tree, &self.config.search, &self.excluded, &mut source);
+        }
+        // Graft the suffix continuation as a chain from the root, reusing existing children.
+        let (cont, _) = self.automaton.continuation(self.config.suffix_len);
+        let mut node = 0usize;
+        for &tok in cont {
+            if self.excluded.contains(tok) || tree.depths[node] >= self.config.search.max_depth {
+                break;
+            }
+            node = match tree.child_with_token(node, tok) {
+                Some(existing) => existing,
+                None => tree.push(node, tok, 0.0, NodeSource::Suffix),
+            };
+        }
+        tree.into_preorder();
+    }
+
+    fn observe(&mut self, tree: &DraftTree, rows: &TopKRows<'_>, committed: &[u32]) {
+        let mut u = self.memory.lock();
+        // Reverse preorder, last write wins: the first occurrence in preorder ends up stored.
+        for i in (0..tree.len()).rev() {
+            let t = tree.tokens[i];
+            if self.excluded.contains(t) {
+                continue;
+            }
+            let (pp, p) = tree.context_of(i);
+            let (ids, probs) = rows.row(i);
+            Self::write_row(&mut u, &mut self.ctx, (pp, p, t), ids, probs, true);
+        }
+        drop(u);
+        self.automaton.extend(committed);
+    }
+
+    fn bytes(&self) -> usize {
+        self.memory.bytes() + self.ctx.bytes() + self.automaton.bytes() + self.excluded.bytes()
+    }
+}

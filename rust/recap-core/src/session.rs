@@ -1,0 +1,113 @@
+//! One request stream: the committed history, a drafter, and the shared accept step.
+//!
+//! begin -> (seed) -> loop { propose -> [verify outside] -> observe }.
+
+use crate::accept::{accept_path, Acceptance};
+use crate::drafter::{Drafter, TopKRows};
+use crate::error::{Error, Result};
+use crate::recap::check_vocab;
+use crate::tree::DraftTree;
+
+pub struct DraftSession {
+    drafter: Box<dyn Drafter>,
+    vocab_size: usize,
+    history: Vec<u32>,
+    tree: DraftTree,
+    awaiting_verification: bool,
+    accept_scratch: Vec<bool>,
+}
+
+fn check_tokens(name: &'static str, ids: &[u32], vocab_size: usize) -> Result<()> {
+    match ids.iter().find(|&&t| t as usize >= vocab_size) {
+        Some(&bad) => Err(Error::TokenOutOfRange { name, token: bad as u64, vocab_size }),
+        None => Ok(()),
+    }
+}
+
+impl DraftSession {
+    pub fn new(drafter: Box<dyn Drafter>, vocab_size: usize) -> Result<Self> {
+        check_vocab(vocab_size)?;
+        Ok(DraftSession {
+            drafter,
+            vocab_size,
+            history: Vec::new(),
+            tree: DraftTree::default(),
+            awaiting_verification: false,
+            accept_scratch: Vec::new(),
+        })
+    }
+
+    pub fn drafter(&self) -> &dyn Drafter {
+        self.drafter.as_ref()
+    }
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+    pub fn tree(&self) -> &DraftTree {
+        &self.tree
+    }
+
+    /// Starts a request from its committed tokens (the last one is the first root).
+    pub fn begin(&mut self, context: &[u32]) -> Result<()> {
+        if context.is_empty() {
+            return Err(Error::invalid("context", "at least one token", "an empty sequence"));
+        }
+        check_tokens("context", context, self.vocab_size)?;
+        self.history.clear();
+        self.history.extend_from_slice(context);
+        self.awaiting_verification = false;
+        self.drafter.begin_request(context);
+        Ok(())
+    }
+
+    /// Seeds memories from prefill rows: row i belongs to history[i].
+    pub fn seed(&mut self, rows: &TopKRows<'_>) -> Result<()> {
+        if self.history.is_empty() {
+            return Err(Error::InvalidState("seed called before begin".into()));
+        }
+        if rows.rows() > self.history.len() {
+            return Err(Error::ShapeMismatch {
+                name: "seed rows",
+                expected: format!("at most {} rows (one per context token)", self.history.len()),
+                got: format!("{} rows", rows.rows()),
+            });
+        }
+        self.drafter.seed(&self.history, rows);
+        Ok(())
+    }
+
+    pub fn propose(&mut self) -> Result<&DraftTree> {
+        if self.history.is_empty() {
+            return Err(Error::InvalidState("propose called before begin".into()));
+        }
+        self.drafter.propose(&self.history, &mut self.tree);
+        self.awaiting_verification = true;
+        Ok(&self.tree)
+    }
+
+    /// Accepts against the target's per-node argmax `pred`, updates the drafter from the
+    /// per-node rows, and appends the committed tokens to the history.
+    pub fn observe(&mut self, pred: &[u32], rows: &TopKRows<'_>) -> Result<Acceptance> {
+        if !self.awaiting_verification {
+            return Err(Error::InvalidState("observe called without a proposed tree (call propose first)".into()));
+        }
+        let n = self.tree.len();
+        if pred.len() != n || rows.rows() != n {
+            return Err(Error::ShapeMismatch {
+                name: "verification",
+                expected: format!("{n} predictions and {n} top-k rows (one per tree node)"),
+                got: format!("{} predictions and {} rows", pred.len(), rows.rows()),
+            });
+        }
+        check_tokens("pred", pred, self.vocab_size)?;
+        let acc = accept_path(&self.tree, pred, &mut self.accept_scratch);
+        let committed = acc.committed_tokens(&self.tree);
+        self.drafter.observe(&self.tree, rows, &committed);
+        self.history.extend_from_slice(&committed);
+        self.awaiting_verification = false;
+        Ok(acc)
+    }
+}

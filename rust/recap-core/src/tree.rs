@@ -1,0 +1,269 @@
+//! The draft tree every drafter produces and the verifier consumes: flat arrays with the
+//! root (the last committed token) at index 0, parents before children.
+//!
+//! Drafters append nodes in any parent-first order, then call `into_preorder`, which orders
+//! siblings by insertion (drafters insert best-first, so rank order) and makes the top-rank
+//! chain a contiguous prefix whose KV needs no compaction when it is accepted.
+
+/// Where a node came from (reported in statistics; the verifier does not care).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum NodeSource {
+    Root = 0,
+    Search = 1,
+    Suffix = 2,
+}
+
+/// Sentinel for "no token" in contexts (the request started fewer than two tokens ago).
+pub const NO_TOKEN: u32 = u32::MAX;
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DraftTree {
+    pub tokens: Vec<u32>,
+    /// Parent index, -1 for the root.
+    pub parents: Vec<i32>,
+    pub depths: Vec<u32>,
+    /// Best-first path score (1 for the root; chain drafters use their own).
+    pub scores: Vec<f32>,
+    pub sources: Vec<NodeSource>,
+    /// (prev2, prev) committed tokens before the root; NO_TOKEN where absent.
+    pub root_context: [u32; 2],
+    scratch_order: Vec<u32>,
+    scratch_start: Vec<u32>,
+    scratch_stack: Vec<u32>,
+}
+
+impl DraftTree {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Starts a new tree holding only `root`, whose committed context is `root_context`.
+    pub fn reset(&mut self, root: u32, root_context: [u32; 2]) {
+        self.tokens.clear();
+        self.parents.clear();
+        self.depths.clear();
+        self.scores.clear();
+        self.sources.clear();
+        self.root_context = root_context;
+        self.tokens.push(root);
+        self.parents.push(-1);
+        self.depths.push(0);
+        self.scores.push(1.0);
+        self.sources.push(NodeSource::Root);
+    }
+
+    /// Appends a child of `parent` and returns its index.
+    pub fn push(&mut self, parent: usize, token: u32, score: f32, source: NodeSource) -> usize {
+        debug_assert!(parent < self.len());
+        let depth = self.depths[parent] + 1;
+        self.tokens.push(token);
+        self.parents.push(parent as i32);
+        self.depths.push(depth);
+        self.scores.push(score);
+        self.sources.push(source);
+        self.len() - 1
+    }
+
+    /// The child of `parent` carrying `token`, if any.
+    pub fn child_with_token(&self, parent: usize, token: u32) -> Option<usize> {
+        (1..self.len()).find(|&i| self.parents[i] == parent as i32 && self.tokens[i] == token)
+    }
+
+    /// The (prev2, prev) context of node `i`: its grandparent and parent tokens on its own
+    /// path, continuing into the committed tokens before the root.
+    pub fn context_of(&self, i: usize) -> (u32, u32) {
+        let [pp_root, p_root] = self.root_context;
+        if i == 0 {
+            return (pp_root, p_root);
+        }
+        let p = self.parents[i] as usize;
+        let prev = self.tokens[p];
+        let prev2 = if p == 0 {
+            p_root
+        } else {
+            self.tokens[self.parents[p] as usize]
+        };
+        (prev2, prev)
+    }
+
+    /// Reorders the nodes into preorder, siblings in insertion order. Parents must precede
+    /// their children (true for every tree built with `push`).
+    pub fn into_preorder(&mut self) {
+        let n = self.len();
+        if n <= 2 {
+            return;
+        }
+        // Children lists in CSR form, in insertion order.
+        let start = &mut self.scratch_start;
+        start.clear();
+        start.resize(n + 1, 0);
+        for i in 1..n {
+            start[self.parents[i] as usize + 1] += 1;
+        }
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut fill: Vec<u32> = start[..n].to_vec();
+        let children = &mut self.scratch_order;
+        children.clear();
+        children.resize(n, 0);
+        for i in 1..n {
+            let p = self.parents[i] as usize;
+            children[fill[p] as usize] = i as u32;
+            fill[p] += 1;
+        }
+        // Iterative DFS; `order[new] = old`.
+        let mut order = Vec::with_capacity(n);
+        let stack = &mut self.scratch_stack;
+        stack.clear();
+        stack.push(0);
+        while let Some(v) = stack.pop() {
+            order.push(v as usize);
+            let (a, b) = (start[v as usize] as usize, start[v as usize + 1] as usize);
+            stack.extend(children[a..b].iter().rev());
+        }
+        let mut new_index = vec![0i32; n];
+        for (new, &old) in order.iter().enumerate() {
+            new_index[old] = new as i32;
+        }
+        self.tokens = order.iter().map(|&o| self.tokens[o]).collect();
+        self.parents = order
+            .iter()
+            .map(|&o| match self.parents[o] {
+                -1 => -1,
+                p => new_index[p as usize],
+            })
+            .collect();
+        self.depths = order.iter().map(|&o| self.depths[o]).collect();
+        self.scores = order.iter().map(|&o| self.scores[o]).collect();
+        self.sources = order.iter().map(|&o| self.sources[o]).collect();
+    }
+
+    /// Writes the T x T ancestor-or-self mask (row i: the nodes node i may attend to) into
+    /// `out` (row-major, length T*T). Parents must precede children.
+    pub fn write_ancestor_mask(&self, out: &mut [bool]) {
+        let n = self.len();
+        assert_eq!(out.len(), n * n, "mask buffer must hold T*T entries");
+        out.fill(false);
+        for i in 0..n {
+            if let Ok(p) = usize::try_from(self.parents[i]) {
+                let (before, row) = out.split_at_mut(i * n);
+                row[..n].copy_from_slice(&before[p * n..p * n + n]);
+            }
+            out[i * n + i] = true;
+        }
+    }
+
+    pub fn ancestor_mask(&self) -> Vec<bool> {
+        let mut m = vec![false; self.len() * self.len()];
+        self.write_ancestor_mask(&mut m);
+        m
+    }
+
+    /// Path from the root to `node`, root first.
+    pub fn path_to(&self, node: usize) -> Vec<usize> {
+        let mut path = vec![node];
+        let mut v = node;
+        while self.parents[v] >= 0 {
+            v = self.parents[v] as usize;
+            path.push(v);
+        }
+        path.reverse();
+        path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A random parent-first tree: node i's parent is drawn from 0..i.
+    fn arb_tree() -> impl Strategy<Value = DraftTree> {
+        proptest::collection::vec((any::<u32>(), 0u32..1000), 0..40).prop_map(|spec| {
+            let mut t = DraftTree::default();
+            t.reset(0, [NO_TOKEN, NO_TOKEN]);
+            for (i, (pick, tok)) in spec.into_iter().enumerate() {
+                let parent = (pick as usize) % (i + 1);
+                t.push(parent, tok, 0.5, NodeSource::Search);
+            }
+            t
+        })
+    }
+
+    fn naive_ancestor(t: &DraftTree, i: usize, j: usize) -> bool {
+        let mut v = i as i32;
+        while v >= 0 {
+            if v as usize == j {
+                return true;
+            }
+            v = t.parents[v as usize];
+        }
+        false
+    }
+
+    proptest! {
+        #[test]
+        fn mask_matches_a_naive_ancestor_matrix(t in arb_tree()) {
+            let m = t.ancestor_mask();
+            let n = t.len();
+            for i in 0..n {
+                for j in 0..n {
+                    prop_assert_eq!(m[i * n + j], naive_ancestor(&t, i, j));
+                }
+            }
+        }
+
+        #[test]
+        fn preorder_keeps_the_tree_and_puts_parents_first(t in arb_tree()) {
+            let mut p = t.clone();
+            p.into_preorder();
+            prop_assert_eq!(p.len(), t.len());
+            // Same multiset of root paths (as token sequences).
+            let paths = |t: &DraftTree| {
+                let mut v: Vec<Vec<u32>> = (0..t.len())
+                    .map(|i| t.path_to(i).iter().map(|&j| t.tokens[j]).collect())
+                    .collect();
+                v.sort();
+                v
+            };
+            prop_assert_eq!(paths(&p), paths(&t));
+            for i in 1..p.len() {
+                let par = p.parents[i];
+                prop_assert!(par >= 0 && (par as usize) < i);
+                prop_assert_eq!(p.depths[i], p.depths[par as usize] + 1);
+                // Preorder: the parent is the nearest earlier node of smaller depth.
+                let nearest = (0..i).rev().find(|&j| p.depths[j] < p.depths[i]).unwrap();
+                prop_assert_eq!(nearest as i32, par);
+            }
+        }
+    }
+
+    #[test]
+    fn first_children_form_a_contiguous_prefix() {
+        let mut t = DraftTree::default();
+        t.reset(10, [NO_TOKEN, NO_TOKEN]);
+        let a = t.push(0, 11, 0.6, NodeSource::Search);
+        t.push(0, 12, 0.3, NodeSource::Search);
+        let c = t.push(a, 13, 0.4, NodeSource::Search);
+        t.push(c, 14, 0.2, NodeSource::Search);
+        t.into_preorder();
+        assert_eq!(t.tokens, vec![10, 11, 13, 14, 12]);
+        assert_eq!(t.parents, vec![-1, 0, 1, 2, 0]);
+    }
+
+    #[test]
+    fn context_continues_into_committed_tokens() {
+        let mut t = DraftTree::default();
+        t.reset(10, [8, 9]);
+        let a = t.push(0, 11, 0.5, NodeSource::Search);
+        let b = t.push(a, 12, 0.5, NodeSource::Search);
+        assert_eq!(t.context_of(0), (8, 9));
+        assert_eq!(t.context_of(a), (9, 10));
+        assert_eq!(t.context_of(b), (10, 11));
+    }
+}
