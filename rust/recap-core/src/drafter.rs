@@ -51,7 +51,7 @@ impl<'a> TopKRows<'a> {
 
 /// A draft source. The session owns the committed history and the acceptance; a drafter
 /// only proposes trees and learns from what the target computed.
-pub trait Drafter: Send {
+pub trait Drafter: Send + Sync {
     fn name(&self) -> &'static str;
 
     /// A request starts with these committed tokens (prompt, usually plus the first

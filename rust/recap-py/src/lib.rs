@@ -1,1 +1,15 @@
+//! `recap._core`: thin PyO3 bindings over recap-core. Arrays in and out, GIL released while
+//! Rust works, one error mapping.
 
+use pyo3::prelude::*;
+
+mod arrays;
+mod drafter;
+mod errors;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    drafter::init(m)?;
+    Ok(())
+}

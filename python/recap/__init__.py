@@ -1,0 +1,11 @@
+"""recap: RECAP speculative decoding with a Rust core.
+
+The host-side hot paths (memories, fusion, best-first tree search, suffix automaton,
+packing, acceptance, update) live in the native module ``recap._core``; this package adds
+the configuration and the model-facing loop.
+"""
+
+from recap._core import DraftTree, Drafter, PersistentMemory, __version__
+from recap.config import RecapConfig
+
+__all__ = ["DraftTree", "Drafter", "PersistentMemory", "RecapConfig", "__version__"]

@@ -1,0 +1,307 @@
+//! Python classes: `PersistentMemory` (shared U), `Drafter` (one request stream) and
+//! `DraftTree` (the packed tree of one step).
+
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use recap_core::memory::UnigramTable;
+use recap_core::search::DEFAULT_ETA;
+use recap_core::{DraftSession, FusionMode, Priors, RecapConfig, RecapDrafter, SearchParams, SharedMemory, TopKRows};
+
+use crate::arrays::{ids_1d, ids_2d, probs_2d};
+use crate::errors::to_py;
+
+/// The persistent memory U: one top-K row per token, kept across requests, shareable by
+/// several drafters (and threads). Bounded by `capacity` rows with CLOCK eviction.
+#[pyclass(frozen, module = "recap._core")]
+pub struct PersistentMemory {
+    inner: SharedMemory,
+}
+
+#[pymethods]
+impl PersistentMemory {
+    #[new]
+    #[pyo3(signature = (vocab_size, *, k = 8, capacity = SharedMemory::DEFAULT_CAPACITY))]
+    fn new(vocab_size: usize, k: usize, capacity: usize) -> PyResult<Self> {
+        Ok(PersistentMemory {
+            inner: SharedMemory::new(vocab_size, k, capacity).map_err(to_py)?,
+        })
+    }
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    #[getter]
+    fn k(&self) -> usize {
+        self.inner.lock().k()
+    }
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.lock().capacity()
+    }
+    /// Rows evicted so far.
+    #[getter]
+    fn evictions(&self) -> u64 {
+        self.inner.lock().evictions()
+    }
+    fn __len__(&self) -> usize {
+        self.inner.lock().len()
+    }
+    /// Heap bytes held.
+    fn bytes(&self) -> usize {
+        self.inner.bytes()
+    }
+    fn clear(&self) {
+        self.inner.lock().clear();
+    }
+    /// The stored row of `token` as (ids, probs), or None.
+    fn row<'py>(&self, py: Python<'py>, token: u32) -> Option<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>)> {
+        let table: std::sync::MutexGuard<'_, UnigramTable> = self.inner.lock();
+        let r = table.get(token)?;
+        let ids: Vec<i64> = r.ids.iter().map(|&x| x as i64).collect();
+        Some((ids.into_pyarray(py), r.probs.to_vec().into_pyarray(py)))
+    }
+}
+
+/// A packed draft tree in preorder, root (the last committed token) at index 0.
+#[pyclass(frozen, module = "recap._core")]
+pub struct DraftTree {
+    #[pyo3(get)]
+    tokens: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    parents: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    depths: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    scores: Py<PyArray1<f32>>,
+    /// 0 root, 1 tree search, 2 suffix graft.
+    #[pyo3(get)]
+    sources: Py<PyArray1<u8>>,
+    /// T x T ancestor-or-self mask (row i: nodes node i attends to).
+    #[pyo3(get)]
+    mask: Py<PyArray2<bool>>,
+    len: usize,
+}
+
+#[pymethods]
+impl DraftTree {
+    fn __len__(&self) -> usize {
+        self.len
+    }
+    fn __repr__(&self) -> String {
+        format!("DraftTree(nodes={})", self.len)
+    }
+}
+
+struct Packed {
+    tokens: Vec<i64>,
+    parents: Vec<i64>,
+    depths: Vec<i64>,
+    scores: Vec<f32>,
+    sources: Vec<u8>,
+    mask: Vec<bool>,
+}
+
+impl Packed {
+    fn from_tree(t: &recap_core::DraftTree) -> Self {
+        Packed {
+            tokens: t.tokens.iter().map(|&x| x as i64).collect(),
+            parents: t.parents.iter().map(|&x| x as i64).collect(),
+            depths: t.depths.iter().map(|&x| x as i64).collect(),
+            scores: t.scores.clone(),
+            sources: t.sources.iter().map(|&s| s as u8).collect(),
+            mask: t.ancestor_mask(),
+        }
+    }
+
+    fn into_py(self, py: Python<'_>) -> PyResult<DraftTree> {
+        let n = self.tokens.len();
+        Ok(DraftTree {
+            tokens: self.tokens.into_pyarray(py).unbind(),
+            parents: self.parents.into_pyarray(py).unbind(),
+            depths: self.depths.into_pyarray(py).unbind(),
+            scores: self.scores.into_pyarray(py).unbind(),
+            sources: self.sources.into_pyarray(py).unbind(),
+            mask: self.mask.into_pyarray(py).reshape([n, n])?.unbind(),
+            len: n,
+        })
+    }
+}
+
+/// One request stream: the committed history, a drafter and the accept step.
+#[pyclass(module = "recap._core")]
+pub struct Drafter {
+    session: DraftSession,
+    memory: Option<Py<PersistentMemory>>,
+}
+
+fn parse_priors(p: (f32, f32, f32)) -> Priors {
+    Priors { g: p.0, c: p.1, u: p.2 }
+}
+
+#[pymethods]
+impl Drafter {
+    /// A RECAP drafter. `memory` is a PersistentMemory to share; a private one is created
+    /// when it is None.
+    #[staticmethod]
+    #[pyo3(signature = (vocab_size, *, k = 8, budget = 63, max_depth = 10, eta = None,
+        priors = (0.70, 0.20, 0.10), fusion = "prior_confidence", suffix_len = 4,
+        context_capacity = 8192, seed_context = false, reset_memory = false,
+        excluded = None, memory = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn recap(
+        py: Python<'_>,
+        vocab_size: i64,
+        k: i64,
+        budget: i64,
+        max_depth: i64,
+        eta: Option<Vec<f32>>,
+        priors: (f32, f32, f32),
+        fusion: &str,
+        suffix_len: i64,
+        context_capacity: i64,
+        seed_context: bool,
+        reset_memory: bool,
+        excluded: Option<&Bound<'_, PyAny>>,
+        memory: Option<Py<PersistentMemory>>,
+    ) -> PyResult<Self> {
+        let nonneg = |name: &str, v: i64| {
+            usize::try_from(v).map_err(|_| PyValueError::new_err(format!("{name}: expected a value >= 0, got {v}")))
+        };
+        let vocab_size = nonneg("vocab_size", vocab_size)?;
+        let config = RecapConfig {
+            k: nonneg("k", k)?,
+            search: SearchParams {
+                budget: nonneg("budget", budget)?,
+                max_depth: u32::try_from(nonneg("max_depth", max_depth)?).unwrap_or(u32::MAX),
+                eta: eta.unwrap_or_else(|| DEFAULT_ETA.to_vec()),
+            },
+            priors: parse_priors(priors),
+            fusion: FusionMode::parse(fusion).map_err(to_py)?,
+            suffix_len: nonneg("suffix_len", suffix_len)?,
+            context_capacity: nonneg("context_capacity", context_capacity)?,
+            seed_context,
+            reset_unigram: reset_memory,
+        };
+        config.validate().map_err(to_py)?;
+        let excluded = match excluded {
+            Some(obj) => ids_1d("excluded", obj)?,
+            None => Vec::new(),
+        };
+        let memory = match memory {
+            Some(m) => m,
+            None => Py::new(py, PersistentMemory::new(vocab_size, config.k, SharedMemory::DEFAULT_CAPACITY)?)?,
+        };
+        let shared = memory.get().inner.clone();
+        if shared.vocab_size() != vocab_size {
+            return Err(PyValueError::new_err(format!(
+                "memory: expected a PersistentMemory with vocab_size {vocab_size}, got vocab_size {}",
+                shared.vocab_size()
+            )));
+        }
+        let drafter = RecapDrafter::new(config, shared, &excluded).map_err(to_py)?;
+        let session = DraftSession::new(Box::new(drafter), vocab_size).map_err(to_py)?;
+        Ok(Drafter { session, memory: Some(memory) })
+    }
+
+    #[getter]
+    fn method(&self) -> &'static str {
+        self.session.drafter().name()
+    }
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.session.vocab_size()
+    }
+    /// The shared persistent memory, if this drafter has one.
+    #[getter]
+    fn memory(&self, py: Python<'_>) -> Option<Py<PersistentMemory>> {
+        self.memory.as_ref().map(|m| m.clone_ref(py))
+    }
+    /// Committed tokens of the current request (prompt + output).
+    #[getter]
+    fn history<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        let h: Vec<i64> = self.session.history().iter().map(|&x| x as i64).collect();
+        h.into_pyarray(py)
+    }
+
+    /// Starts a request from its committed tokens; the last one is the first root.
+    fn begin(&mut self, py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<()> {
+        let context = ids_1d("context", context)?;
+        let session = &mut self.session;
+        py.detach(|| session.begin(&context)).map_err(to_py)
+    }
+
+    /// Seeds the memories from the prefill: row i ([n, k]) is the target's top-k after
+    /// context token i.
+    fn seed(&mut self, py: Python<'_>, topk_ids: &Bound<'_, PyAny>, topk_probs: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (ids, s1) = ids_2d("topk_ids", topk_ids)?;
+        let (probs, s2) = probs_2d("topk_probs", topk_probs)?;
+        check_same_shape(s1, s2)?;
+        let vocab = self.session.vocab_size();
+        let session = &mut self.session;
+        py.detach(|| {
+            let rows = TopKRows::new(&ids, &probs, s1[1], s1[0], vocab)?;
+            session.seed(&rows)
+        })
+        .map_err(to_py)
+    }
+
+    /// Drafts the next tree.
+    fn propose(&mut self, py: Python<'_>) -> PyResult<DraftTree> {
+        let session = &mut self.session;
+        let packed = py
+            .detach(|| session.propose().map(Packed::from_tree))
+            .map_err(to_py)?;
+        packed.into_py(py)
+    }
+
+    /// Accepts the proposed tree against the target's per-node argmax `pred` [T] and its
+    /// top-k rows [T, k]; updates the memories. Returns (accepted node indices, committed
+    /// tokens) — the accepted path's tokens after the root, then the bonus token.
+    fn observe<'py>(
+        &mut self,
+        py: Python<'py>,
+        pred: &Bound<'_, PyAny>,
+        topk_ids: &Bound<'_, PyAny>,
+        topk_probs: &Bound<'_, PyAny>,
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+        let pred = ids_1d("pred", pred)?;
+        let (ids, s1) = ids_2d("topk_ids", topk_ids)?;
+        let (probs, s2) = probs_2d("topk_probs", topk_probs)?;
+        check_same_shape(s1, s2)?;
+        let vocab = self.session.vocab_size();
+        let session = &mut self.session;
+        let (path, committed) = py
+            .detach(|| {
+                let rows = TopKRows::new(&ids, &probs, s1[1], s1[0], vocab)?;
+                let acc = session.observe(&pred, &rows)?;
+                let committed: Vec<i64> = acc.committed_tokens(session.tree()).iter().map(|&t| t as i64).collect();
+                let path: Vec<i64> = acc.path.iter().map(|&i| i as i64).collect();
+                Ok((path, committed))
+            })
+            .map_err(to_py)?;
+        Ok((path.into_pyarray(py), committed.into_pyarray(py)))
+    }
+
+    /// Heap bytes held by this drafter, its share of the persistent memory included.
+    fn bytes(&self) -> usize {
+        self.session.drafter().bytes()
+    }
+}
+
+fn check_same_shape(a: [usize; 2], b: [usize; 2]) -> PyResult<()> {
+    if a != b {
+        return Err(PyValueError::new_err(format!(
+            "topk_probs: expected the shape of topk_ids {:?}, got {:?}",
+            a, b
+        )));
+    }
+    Ok(())
+}
+
+pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PersistentMemory>()?;
+    m.add_class::<Drafter>()?;
+    m.add_class::<DraftTree>()?;
+    Ok(())
+}

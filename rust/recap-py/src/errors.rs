@@ -1,0 +1,12 @@
+//! The one mapping from core errors to Python exceptions.
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::PyErr;
+use recap_core::Error;
+
+pub fn to_py(e: Error) -> PyErr {
+    match e {
+        Error::InvalidState(_) => PyRuntimeError::new_err(e.to_string()),
+        _ => PyValueError::new_err(e.to_string()),
+    }
+}
