@@ -8,4 +8,13 @@ the configuration and the model-facing loop.
 from recap._core import DraftTree, Drafter, PersistentMemory, __version__
 from recap.config import RecapConfig
 
-__all__ = ["DraftTree", "Drafter", "PersistentMemory", "RecapConfig", "__version__"]
+
+def __getattr__(name: str):
+    # The torch-facing decoder is imported lazily: the core works without torch installed.
+    if name == "Decoder":
+        from recap.decoder import Decoder
+
+        return Decoder
+    raise AttributeError(f"module 'recap' has no attribute {name!r}")
+
+__all__ = ["Decoder", "DraftTree", "Drafter", "PersistentMemory", "RecapConfig", "__version__"]

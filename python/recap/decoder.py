@@ -1,0 +1,256 @@
+"""`recap.Decoder`: greedy generation with tree-verified RECAP drafts.
+
+One step: draft (Rust) -> pack (mask, positions) -> verify (one forward over the tree) ->
+accept + update (Rust) -> compact the KV cache -> commit tokens. The output equals
+`model.generate(do_sample=False)` token for token.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from recap._core import PersistentMemory
+from recap.adapters import ModelAdapter, adapter_for
+from recap.config import RecapConfig
+from recap.stats import GenerationStats
+
+PREFILL_SEED_CHUNK = 256  # prompt positions per LM-head chunk when seeding (bounds memory)
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _new_cache(model: torch.nn.Module):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _compact_cache(cache, past_len: int, path: np.ndarray, tree_len: int) -> None:
+    """Keep the prefix, the root and the accepted nodes of the tree just verified."""
+    accepted = len(path)
+    if np.array_equal(path, np.arange(accepted)):
+        drop = tree_len - accepted
+        if drop:
+            cache.crop(-drop)
+        return
+    # Move the accepted entries (few) into place right after the root, then crop the rest.
+    idx = None
+    for layer in cache.layers:
+        if idx is None or idx.device != layer.keys.device:
+            idx = torch.as_tensor(past_len + path[1:], device=layer.keys.device)
+        dst = slice(past_len + 1, past_len + accepted)
+        layer.keys[..., dst, :] = layer.keys.index_select(-2, idx)
+        layer.values[..., dst, :] = layer.values.index_select(-2, idx)
+    cache.crop(-(tree_len - accepted))
+
+
+class Decoder:
+    """Wraps a transformers model and generates greedily with RECAP drafts.
+
+    ``memory`` (a `recap.PersistentMemory`) holds U across calls; pass one to share it
+    between decoders. Request-local memories reset on every call.
+    """
+
+    def __init__(self, model: torch.nn.Module, config: RecapConfig | None = None,
+                 memory: PersistentMemory | None = None) -> None:
+        self.model = model
+        self.config = config if config is not None else RecapConfig()
+        self.adapter: ModelAdapter = adapter_for(model)
+        vocab = self.adapter.vocab_size
+        if memory is None:
+            memory = self.config.new_memory(vocab)
+        elif memory.vocab_size != vocab or memory.k != self.config.k:
+            raise ValueError(
+                f"memory: expected a PersistentMemory with vocab_size={vocab} and k={self.config.k}, "
+                f"got vocab_size={memory.vocab_size} and k={memory.k}"
+            )
+        self.memory = memory
+        self._cache_kw = _cache_keyword(model)
+        self.last_stats: GenerationStats | None = None
+
+    # ---- validation -------------------------------------------------------------------
+    def _check_request(self, input_ids: Any, max_new_tokens: int | None, max_length: int | None,
+                       kwargs: dict) -> tuple[torch.Tensor, int]:
+        if kwargs.pop("do_sample", False):
+            raise ValueError("recap.Decoder supports greedy decoding only: got do_sample=True "
+                             "(sampling is not supported yet)")
+        temperature = kwargs.pop("temperature", None)
+        if temperature not in (None, 0, 0.0, 1, 1.0):
+            raise ValueError(f"recap.Decoder supports greedy decoding only: got temperature={temperature}")
+        top_p = kwargs.pop("top_p", None)
+        if top_p is not None and top_p < 1.0:
+            raise ValueError(f"recap.Decoder supports greedy decoding only: got top_p={top_p}")
+        top_k = kwargs.pop("top_k", None)
+        if top_k not in (None, 0):
+            raise ValueError(f"recap.Decoder supports greedy decoding only: got top_k={top_k}")
+        if kwargs.pop("num_beams", 1) != 1:
+            raise ValueError("recap.Decoder supports greedy decoding only (num_beams=1)")
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"input_ids: expected a torch.Tensor shaped [1, seq], got {type(input_ids).__name__}")
+        if input_ids.dim() == 1:
+            input_ids = input_ids.unsqueeze(0)
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids: expected shape [1, seq], got {tuple(input_ids.shape)}")
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"recap.Decoder supports batch size 1; got input_ids with batch size {input_ids.shape[0]}")
+        if input_ids.shape[1] == 0:
+            raise ValueError("input_ids: expected at least one prompt token, got an empty prompt")
+        device = self.model.get_input_embeddings().weight.device
+        for name, value in [("input_ids", input_ids), *kwargs.items()]:
+            if isinstance(value, torch.Tensor) and value.device != device:
+                raise ValueError(f"{name}: expected a tensor on the model's device {device}, got one on {value.device}")
+        prompt_len = input_ids.shape[1]
+        if max_new_tokens is None and max_length is None:
+            max_new_tokens = getattr(self.model.generation_config, "max_new_tokens", None) or 20
+        if max_new_tokens is None:
+            max_new_tokens = max_length - prompt_len
+        elif max_length is not None:
+            max_new_tokens = min(max_new_tokens, max_length - prompt_len)
+        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens: expected a positive int (after max_length), got {max_new_tokens!r}")
+        return input_ids, max_new_tokens
+
+    # ---- the loop ---------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                 max_new_tokens: int | None = None, max_length: int | None = None,
+                 eos_token_id: int | list[int] | None = None, streamer: Any = None,
+                 **model_inputs: Any) -> torch.Tensor:
+        """Greedy generation; returns prompt + new tokens shaped [1, L] like `model.generate`."""
+        input_ids, max_new = self._check_request(input_ids, max_new_tokens, max_length, model_inputs)
+        model_inputs.pop("use_cache", None)
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("attention_mask: padding is not supported with batch size 1; got zeros in the mask")
+        eos = self._eos_set(eos_token_id)
+        stats = GenerationStats()
+        self.last_stats = stats
+        t_start = time.perf_counter()
+        model, cfg = self.model, self.config
+        device = input_ids.device
+        prompt = input_ids[0].tolist()
+
+        drafter = cfg.new_drafter(self.adapter.vocab_size, memory=self.memory, excluded=self.adapter.excluded)
+        cache = _new_cache(model)
+        first, seed_ids, seed_probs = self._prefill(input_ids, attention_mask, cache, model_inputs)
+        stats.prefill_s = time.perf_counter() - t_start
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+        out = [first]
+        if streamer is not None:
+            streamer.put(torch.tensor([first]))
+        done = first in eos or len(out) >= max_new
+        if not done:
+            drafter.begin(np.asarray(prompt + [first], dtype=np.int64))
+            drafter.seed(seed_ids, seed_probs)
+        past = len(prompt)
+        fkw = {self._cache_kw: cache, "use_cache": True}
+        dtype = next(model.parameters()).dtype
+        neg = torch.finfo(dtype).min
+        k = cfg.k
+        phase = stats.phase_s
+        while not done:
+            t0 = time.perf_counter()
+            tree = drafter.propose()
+            t1 = time.perf_counter()
+            n = len(tree)
+            tokens = torch.from_numpy(tree.tokens).to(device).unsqueeze(0)
+            depths = torch.from_numpy(tree.depths).to(device)
+            mask = torch.zeros(1, 1, n, past + n, dtype=dtype, device=device)
+            tree_mask = torch.from_numpy(tree.mask).to(device)
+            mask[0, 0, :, past:].masked_fill_(~tree_mask, neg)
+            positions = self.adapter.tree_positions(past, depths)
+            t2 = time.perf_counter()
+            logits = model(input_ids=tokens, attention_mask=mask, position_ids=positions, **fkw).logits[0]
+            packed = self._topk_packed(logits, k)
+            t3 = time.perf_counter()
+            pred = packed[:, 0].astype(np.int64)
+            ids = packed[:, 1:1 + k].astype(np.int64)
+            probs = np.ascontiguousarray(packed[:, 1 + k:])
+            path, committed = drafter.observe(pred, ids, probs)
+            t4 = time.perf_counter()
+            _compact_cache(cache, past, path, n)
+            past += len(path)
+            t5 = time.perf_counter()
+            new = committed.tolist()
+            for i, tok in enumerate(new):
+                if tok in eos or len(out) + i + 1 >= max_new:
+                    new = new[:i + 1]
+                    done = True
+                    break
+            out.extend(new)
+            if streamer is not None:
+                streamer.put(torch.tensor(new))
+            stats.steps += 1
+            stats.accepted_lengths[len(path) - 1] += 1
+            stats.tree_sizes.append(n)
+            t6 = time.perf_counter()
+            phase["draft"] += t1 - t0
+            phase["pack"] += t2 - t1
+            phase["forward"] += t3 - t2
+            phase["update"] += t4 - t3
+            phase["compact"] += t5 - t4
+            phase["other"] += t6 - t5
+        if streamer is not None:
+            streamer.end()
+        stats.new_tokens = len(out)
+        stats.total_s = time.perf_counter() - t_start
+        result = torch.tensor([prompt + out], dtype=input_ids.dtype, device=device)
+        return result
+
+    def _eos_set(self, eos_token_id: int | list[int] | None) -> set[int]:
+        if eos_token_id is None:
+            eos_token_id = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos_token_id is None:
+            return set()
+        if isinstance(eos_token_id, torch.Tensor):
+            eos_token_id = eos_token_id.tolist()
+        return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+
+    def _prefill(self, input_ids, attention_mask, cache, model_inputs):
+        """Runs the prompt; returns the first token and the prompt's top-K rows for seeding.
+
+        Final hidden states are captured at the decoder's last norm, and the LM head runs over
+        them in chunks, so full-vocabulary logits are never held for the whole prompt."""
+        captured: list[torch.Tensor] = []
+        norm = self.adapter.final_norm
+        handle = norm.register_forward_hook(lambda _m, _i, o: captured.append(o)) if norm is not None else None
+        try:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             **{self._cache_kw: cache}, use_cache=True, logits_to_keep=1, **model_inputs)
+        finally:
+            if handle is not None:
+                handle.remove()
+        first = int(out.logits[0, -1].argmax())
+        k = self.config.k
+        if not captured:
+            empty = np.zeros((0, k))
+            return first, empty.astype(np.int64), empty.astype(np.float32)
+        hidden = captured[-1][0]
+        head = self.model.get_output_embeddings()
+        ids_chunks, prob_chunks = [], []
+        for s in range(0, hidden.shape[0], PREFILL_SEED_CHUNK):
+            logits = head(hidden[s:s + PREFILL_SEED_CHUNK])
+            p, i = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+            ids_chunks.append(i)
+            prob_chunks.append(p)
+        ids = torch.cat(ids_chunks).cpu().numpy().astype(np.int64)
+        probs = torch.cat(prob_chunks).cpu().numpy().astype(np.float32)
+        return first, ids, probs
+
+    @staticmethod
+    def _topk_packed(logits: torch.Tensor, k: int) -> np.ndarray:
+        """argmax, top-k ids and top-k probabilities per node, moved to the host in one transfer."""
+        pred = logits.argmax(dim=-1)
+        probs, ids = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+        # Token ids < 2**24 are exact in float32; larger vocabularies go through float64.
+        dt = torch.float32 if logits.shape[-1] < (1 << 24) else torch.float64
+        packed = torch.cat([pred.unsqueeze(-1).to(dt), ids.to(dt), probs.to(dt)], dim=-1)
+        return packed.cpu().numpy()

@@ -1,0 +1,53 @@
+"""Per-call statistics of `Decoder.generate`."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+PHASES = ("draft", "pack", "forward", "update", "compact", "other")
+
+
+@dataclass
+class GenerationStats:
+    """Counts and timings of one generate call. Times are seconds (use the *_us helpers)."""
+
+    prefill_s: float = 0.0
+    steps: int = 0
+    new_tokens: int = 0
+    accepted_lengths: Counter = field(default_factory=Counter)
+    tree_sizes: list[int] = field(default_factory=list)
+    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    total_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Committed tokens per target forward after the prefill, bonus included (plain decoding: 1.0)."""
+        return (self.new_tokens - 1) / self.steps if self.steps else 1.0
+
+    @property
+    def mean_tree_size(self) -> float:
+        return sum(self.tree_sizes) / len(self.tree_sizes) if self.tree_sizes else 0.0
+
+    @property
+    def host_s(self) -> float:
+        """Time outside the target forward during decoding (draft + pack + update + compact + glue)."""
+        return sum(v for k, v in self.phase_s.items() if k != "forward")
+
+    def per_step_us(self) -> dict[str, float]:
+        n = max(self.steps, 1)
+        out = {k: v / n * 1e6 for k, v in self.phase_s.items()}
+        out["host"] = self.host_s / n * 1e6
+        return out
+
+    def as_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "new_tokens": self.new_tokens,
+            "tau": self.tau,
+            "mean_tree_size": self.mean_tree_size,
+            "accepted_lengths": dict(sorted(self.accepted_lengths.items())),
+            "prefill_s": self.prefill_s,
+            "total_s": self.total_s,
+            "per_step_us": self.per_step_us(),
+        }
