@@ -116,6 +116,13 @@ class Decoder:
             max_new_tokens = min(max_new_tokens, max_length - prompt_len)
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens: expected a positive int (after max_length), got {max_new_tokens!r}")
+        window = self.adapter.sliding_window
+        worst = prompt_len + max_new_tokens + self.config.budget + self.config.suffix_len + 1
+        if window is not None and worst > window:
+            raise NotImplementedError(
+                f"this model uses sliding-window attention (window {window}); recap.Decoder supports it only "
+                f"while prompt + max_new_tokens + tree fits the window, got up to {worst} tokens"
+            )
         return input_ids, max_new_tokens
 
     # ---- the loop ---------------------------------------------------------------------

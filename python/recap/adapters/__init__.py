@@ -31,6 +31,8 @@ class ModelAdapter:
     vocab_size: int
     excluded: tuple[int, ...] = ()
     mrope: bool = False
+    # Sliding-window caches are compacted correctly only while the sequence fits the window.
+    sliding_window: int | None = None
     final_norm: torch.nn.Module | None = None
     extra: dict = field(default_factory=dict)
 
@@ -59,10 +61,9 @@ def adapter_for(model: torch.nn.Module) -> ModelAdapter:
         )
     text_cfg = _text_config(model)
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    if getattr(text_cfg, "sliding_window", None) and getattr(text_cfg, "use_sliding_window", True) is not False \
-            and name == "MistralForCausalLM":
-        raise NotImplementedError("sliding-window attention caches cannot be compacted yet; "
-                                  "set config.sliding_window = None for prompts shorter than the window")
+    window = getattr(text_cfg, "sliding_window", None)
+    if getattr(text_cfg, "use_sliding_window", True) is False:
+        window = None
     excluded: list[int] = []
     for attr in ("image_token_id", "video_token_id", "image_token_index"):
         tid = getattr(model.config, attr, None)
@@ -78,4 +79,5 @@ def adapter_for(model: torch.nn.Module) -> ModelAdapter:
         excluded=tuple(sorted(set(excluded))),
         mrope=name == "Qwen2_5_VLForConditionalGeneration",
         final_norm=norm,
+        sliding_window=int(window) if window else None,
     )
