@@ -19,6 +19,7 @@ from recap.adapters import ModelAdapter, adapter_for
 from recap.config import RecapConfig
 from recap.stats import GenerationStats
 
+_UNSET: Any = object()  # eos_token_id not given: use the model's generation config (as generate does)
 PREFILL_SEED_CHUNK = 256  # prompt positions per LM-head chunk when seeding (bounds memory)
 
 
@@ -129,9 +130,12 @@ class Decoder:
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                  max_new_tokens: int | None = None, max_length: int | None = None,
-                 eos_token_id: int | list[int] | None = None, streamer: Any = None,
+                 eos_token_id: int | list[int] | None = _UNSET, streamer: Any = None,
                  **model_inputs: Any) -> torch.Tensor:
-        """Greedy generation; returns prompt + new tokens shaped [1, L] like `model.generate`."""
+        """Greedy generation; returns prompt + new tokens shaped [1, L] like `model.generate`.
+
+        Like `generate`, an explicit ``eos_token_id=None`` disables stopping on EOS; leaving
+        it out uses the model's generation config."""
         input_ids, max_new = self._check_request(input_ids, max_new_tokens, max_length, model_inputs)
         model_inputs.pop("use_cache", None)
         if attention_mask is not None and not bool(attention_mask.all()):
@@ -212,8 +216,8 @@ class Decoder:
         result = torch.tensor([prompt + out], dtype=input_ids.dtype, device=device)
         return result
 
-    def _eos_set(self, eos_token_id: int | list[int] | None) -> set[int]:
-        if eos_token_id is None:
+    def _eos_set(self, eos_token_id: Any) -> set[int]:
+        if eos_token_id is _UNSET:
             eos_token_id = getattr(self.model.generation_config, "eos_token_id", None)
         if eos_token_id is None:
             return set()

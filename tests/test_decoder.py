@@ -1,0 +1,135 @@
+"""recap.Decoder equals model.generate(do_sample=False) on every supported architecture."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import recap
+from recap import RecapConfig
+from tiny_models import V, llava_inputs, llava_next_inputs, qwen25_vl_inputs, text_model
+
+SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+configs = st.builds(
+    RecapConfig,
+    budget=st.integers(0, 40),
+    max_depth=st.integers(1, 8),
+    fusion=st.sampled_from(["unigram", "backoff", "uniform", "prior", "prior_confidence"]),
+    suffix_len=st.integers(0, 6),
+)
+# Prompts with repeats so the suffix automaton and memories have something to find.
+prompts = st.lists(st.integers(3, V - 1), min_size=1, max_size=12).flatmap(
+    lambda base: st.lists(st.sampled_from(base), min_size=1, max_size=40)
+)
+
+
+def reference(model, inputs, max_new, eos):
+    return model.generate(**inputs, do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
+
+
+def check(model, inputs, config, max_new, eos=None):
+    want = reference(model, inputs, max_new, eos)
+    dec = recap.Decoder(model, config)
+    got = dec.generate(**inputs, max_new_tokens=max_new, eos_token_id=eos)
+    assert got.tolist() == want.tolist()
+    stats = dec.last_stats
+    assert stats.new_tokens == want.shape[1] - inputs["input_ids"].shape[1]
+    assert stats.steps <= max(stats.new_tokens - 1, 0)
+    return dec
+
+
+@pytest.mark.parametrize("arch", ["Llama", "Qwen2", "Mistral", "Gemma"])
+@SETTINGS
+@given(prompt=prompts, config=configs, max_new=st.integers(1, 48), eos=st.sampled_from([None, 5, 7]))
+def test_text_models_equal_greedy(arch, prompt, config, max_new, eos):
+    ids = torch.tensor([prompt])
+    check(text_model(arch), dict(input_ids=ids, attention_mask=torch.ones_like(ids)), config, max_new, eos)
+
+
+@pytest.mark.parametrize("build", [qwen25_vl_inputs, llava_inputs, llava_next_inputs],
+                         ids=["qwen2.5-vl", "llava", "llava-next"])
+@SETTINGS
+@given(prefix=st.lists(st.integers(3, 90), max_size=6), suffix=prompts, config=configs,
+       max_new=st.integers(1, 40))
+def test_vision_language_models_equal_greedy(build, prefix, suffix, config, max_new):
+    model, inputs = build(prefix, suffix)
+    dec = check(model, inputs, config, max_new)
+    assert 100 in dec.adapter.excluded  # image placeholders are never drafted
+
+
+def test_memory_persists_across_calls_and_can_be_shared():
+    model = text_model("Llama")
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    first = recap.Decoder(model)
+    first.generate(ids, max_new_tokens=20, eos_token_id=None)
+    rows_after_first = len(first.memory)
+    assert rows_after_first > 0
+    second = recap.Decoder(model, memory=first.memory)
+    second.generate(ids, max_new_tokens=20, eos_token_id=None)
+    assert second.memory is first.memory
+    # The second call starts with U already warm: it needs no more steps than the first.
+    assert second.last_stats.steps <= first.last_stats.steps
+
+
+def test_streamer_receives_prompt_then_every_committed_token():
+    class Collect:
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    model = text_model("Llama")
+    ids = torch.tensor([[9, 10, 11, 9, 10]])
+    s = Collect()
+    out = recap.Decoder(model).generate(ids, max_new_tokens=25, eos_token_id=None, streamer=s)
+    assert s.ended and s.chunks[0] == ids[0].tolist()
+    assert sum(s.chunks[1:], []) == out[0, ids.shape[1]:].tolist()
+
+
+def test_max_length_is_respected_exactly():
+    model = text_model("Llama")
+    ids = torch.tensor([[3, 4, 5, 3, 4, 5]])
+    out = recap.Decoder(model).generate(ids, max_length=17, eos_token_id=None)
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_length=17,
+                          eos_token_id=None, pad_token_id=0)
+    assert out.shape[1] == 17 and out.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, fragment",
+    [
+        ({"do_sample": True}, ValueError, "greedy decoding only"),
+        ({"temperature": 0.7}, ValueError, "temperature=0.7"),
+        ({"top_p": 0.9}, ValueError, "top_p=0.9"),
+        ({"max_new_tokens": 0}, ValueError, "max_new_tokens: expected a positive int"),
+        ({"max_new_tokens": -2}, ValueError, "max_new_tokens"),
+    ],
+)
+def test_bad_requests_raise_clear_errors(kwargs, error, fragment):
+    dec = recap.Decoder(text_model("Llama"))
+    with pytest.raises(error, match=fragment):
+        dec.generate(torch.tensor([[1, 2, 3]]), **{"max_new_tokens": 5, **kwargs})
+
+
+def test_bad_inputs_raise_clear_errors():
+    dec = recap.Decoder(text_model("Llama"))
+    with pytest.raises(ValueError, match="batch size 1; got input_ids with batch size 2"):
+        dec.generate(torch.tensor([[1, 2], [3, 4]]), max_new_tokens=4)
+    with pytest.raises(ValueError, match="empty prompt"):
+        dec.generate(torch.zeros((1, 0), dtype=torch.long), max_new_tokens=4)
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        dec.generate([1, 2, 3], max_new_tokens=4)
+    with pytest.raises(ValueError, match="on the model's device"):
+        dec.generate(torch.tensor([[1, 2]], device="meta"), max_new_tokens=4)
+
+
+def test_unsupported_models_are_named():
+    class Tiny(torch.nn.Module):
+        pass
+
+    with pytest.raises(TypeError, match="supports LlamaForCausalLM.*got a Tiny"):
+        recap.Decoder(Tiny())
