@@ -4,10 +4,9 @@ import threading
 
 import numpy as np
 import pytest
+import recap
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import recap
 from recap import Drafter, PersistentMemory, RecapConfig
 
 V = 50

@@ -1,11 +1,10 @@
 """recap.Decoder equals model.generate(do_sample=False) on every supported architecture."""
 
 import pytest
+import recap
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import recap
 from recap import RecapConfig
 from tiny_models import V, llava_inputs, llava_next_inputs, qwen25_vl_inputs, text_model
 

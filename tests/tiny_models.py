@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,7 @@ def _text(**extra):
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, **extra)
 
 
-@lru_cache(maxsize=None)
+@cache
 def text_model(arch: str):
     import transformers
 
@@ -42,7 +42,7 @@ def text_model(arch: str):
     return model_cls(cfg_cls(**_text(**extra))).to(torch.float64).eval()
 
 
-@lru_cache(maxsize=None)
+@cache
 def qwen25_vl():
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
 
@@ -75,7 +75,7 @@ def _clip():
                             num_attention_heads=4, image_size=56, patch_size=14)
 
 
-@lru_cache(maxsize=None)
+@cache
 def llava():
     from transformers import LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
@@ -93,7 +93,7 @@ def llava_inputs(prefix: list[int], suffix: list[int], image: str = "skimage_coi
     return model, dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=px)
 
 
-@lru_cache(maxsize=None)
+@cache
 def llava_next():
     from transformers import LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
 

@@ -5,7 +5,7 @@ packing, acceptance, update) live in the native module ``recap._core``; this pac
 the configuration and the model-facing loop.
 """
 
-from recap._core import DraftTree, Drafter, PersistentMemory, __version__
+from recap._core import Drafter, DraftTree, PersistentMemory, __version__
 from recap.config import RecapConfig
 
 

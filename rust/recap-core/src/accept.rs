@@ -70,7 +70,8 @@ mod tests {
         let mut stack = vec![vec![0usize]];
         while let Some(path) = stack.pop() {
             let last = *path.last().unwrap();
-            if path.len() > best.len() || (path.len() == best.len() && last < *best.last().unwrap()) {
+            if path.len() > best.len() || (path.len() == best.len() && last < *best.last().unwrap())
+            {
                 best = path.clone();
             }
             for c in 1..t.len() {

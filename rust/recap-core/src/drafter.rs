@@ -14,7 +14,13 @@ pub struct TopKRows<'a> {
 
 impl<'a> TopKRows<'a> {
     /// Checks shapes, ids against the vocabulary and probabilities for finiteness and sign.
-    pub fn new(ids: &'a [u32], probs: &'a [f32], k: usize, rows: usize, vocab_size: usize) -> Result<Self> {
+    pub fn new(
+        ids: &'a [u32],
+        probs: &'a [f32],
+        k: usize,
+        rows: usize,
+        vocab_size: usize,
+    ) -> Result<Self> {
         if k == 0 {
             return Err(Error::invalid("top-k width", "k >= 1", 0));
         }
@@ -33,7 +39,11 @@ impl<'a> TopKRows<'a> {
             });
         }
         if let Some(&bad) = probs.iter().find(|p| !(p.is_finite() && **p >= 0.0)) {
-            return Err(Error::invalid("top-k probs", "finite probabilities >= 0", bad));
+            return Err(Error::invalid(
+                "top-k probs",
+                "finite probabilities >= 0",
+                bad,
+            ));
         }
         Ok(TopKRows { ids, probs, k })
     }

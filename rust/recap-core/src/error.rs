@@ -12,7 +12,9 @@ pub enum Error {
         got: String,
     },
     /// A token id that does not fit the vocabulary.
-    #[error("{name}: token id {token} is outside the vocabulary (expected 0 <= id < {vocab_size})")]
+    #[error(
+        "{name}: token id {token} is outside the vocabulary (expected 0 <= id < {vocab_size})"
+    )]
     TokenOutOfRange {
         name: &'static str,
         token: u64,
@@ -33,7 +35,11 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
-    pub(crate) fn invalid(name: &'static str, expected: impl Into<String>, got: impl ToString) -> Self {
+    pub(crate) fn invalid(
+        name: &'static str,
+        expected: impl Into<String>,
+        got: impl ToString,
+    ) -> Self {
         Error::InvalidArgument {
             name,
             expected: expected.into(),

@@ -23,7 +23,8 @@ pub enum FusionMode {
 }
 
 impl FusionMode {
-    pub const NAMES: [&'static str; 5] = ["unigram", "backoff", "uniform", "prior", "prior_confidence"];
+    pub const NAMES: [&'static str; 5] =
+        ["unigram", "backoff", "uniform", "prior", "prior_confidence"];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -197,7 +198,13 @@ mod tests {
         let (ids, probs) = ([5u32, 9, 2], [0.4f32, 0.2, 0.1]);
         let mut f = Fuser::default();
         let mut out = Proposal::default();
-        f.fuse([None, None, Some(view(&ids, &probs))], FusionMode::PriorConfidence, Priors::default(), 8, &mut out);
+        f.fuse(
+            [None, None, Some(view(&ids, &probs))],
+            FusionMode::PriorConfidence,
+            Priors::default(),
+            8,
+            &mut out,
+        );
         assert_eq!(out.ids, vec![5, 9, 2]);
         for (p, want) in out.probs.iter().zip([4.0 / 7.0, 2.0 / 7.0, 1.0 / 7.0]) {
             assert!((p - want).abs() < 1e-6);
@@ -238,7 +245,10 @@ mod tests {
     fn arb_row() -> impl Strategy<Value = (Vec<u32>, Vec<f32>)> {
         proptest::collection::btree_set(0u32..20, 1..8).prop_flat_map(|ids| {
             let n = ids.len();
-            (Just(ids.into_iter().collect::<Vec<_>>()), proptest::collection::vec(0.001f32..1.0, n))
+            (
+                Just(ids.into_iter().collect::<Vec<_>>()),
+                proptest::collection::vec(0.001f32..1.0, n),
+            )
         })
     }
 

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::drafter::{Drafter, TopKRows};
 use crate::error::{Error, Result};
-use crate::fusion::{FusionMode, Fuser, Priors, Proposal};
+use crate::fusion::{Fuser, FusionMode, Priors, Proposal};
 use crate::memory::{key_c, key_g, row_stats, ContextTables, UnigramTable, MAX_VOCAB};
 use crate::search::{BestFirst, ProposalSource, SearchParams};
 use crate::suffix::SuffixAutomaton;
@@ -54,10 +54,18 @@ impl RecapConfig {
         self.search.validate()?;
         let Priors { g, c, u } = self.priors;
         if [g, c, u].iter().any(|p| !(p.is_finite() && *p >= 0.0)) || g + c + u <= 0.0 {
-            return Err(Error::invalid("priors", "three finite values >= 0 with a positive sum", format!("({g}, {c}, {u})")));
+            return Err(Error::invalid(
+                "priors",
+                "three finite values >= 0 with a positive sum",
+                format!("({g}, {c}, {u})"),
+            ));
         }
         if self.suffix_len > Self::MAX_SUFFIX {
-            return Err(Error::invalid("suffix_len", format!("0..={}", Self::MAX_SUFFIX), self.suffix_len));
+            return Err(Error::invalid(
+                "suffix_len",
+                format!("0..={}", Self::MAX_SUFFIX),
+                self.suffix_len,
+            ));
         }
         if self.context_capacity == 0 {
             return Err(Error::invalid("context_capacity", ">= 1", 0));
@@ -79,7 +87,11 @@ impl SharedMemory {
     pub fn new(vocab_size: usize, k: usize, capacity: usize) -> Result<Self> {
         check_vocab(vocab_size)?;
         if !(1..=RecapConfig::MAX_K).contains(&k) {
-            return Err(Error::invalid("k", format!("1..={}", RecapConfig::MAX_K), k));
+            return Err(Error::invalid(
+                "k",
+                format!("1..={}", RecapConfig::MAX_K),
+                k,
+            ));
         }
         if capacity == 0 {
             return Err(Error::invalid("capacity", ">= 1", 0));
@@ -106,7 +118,11 @@ impl SharedMemory {
 
 pub(crate) fn check_vocab(vocab_size: usize) -> Result<()> {
     if !(1..=MAX_VOCAB).contains(&vocab_size) {
-        return Err(Error::invalid("vocab_size", format!("1..={MAX_VOCAB}"), vocab_size));
+        return Err(Error::invalid(
+            "vocab_size",
+            format!("1..={MAX_VOCAB}"),
+            vocab_size,
+        ));
     }
     Ok(())
 }
@@ -135,7 +151,8 @@ impl ProposalSource for FusedSource<'_> {
             .then(|| self.ctx.c.get(key_c(prev, token)))
             .flatten();
         let u = self.u.get(token);
-        self.fuser.fuse([g, c, u], mode, self.config.priors, self.config.k, out);
+        self.fuser
+            .fuse([g, c, u], mode, self.config.priors, self.config.k, out);
     }
 }
 
@@ -154,10 +171,18 @@ impl RecapDrafter {
         config.validate()?;
         let vocab_size = memory.vocab_size();
         if memory.lock().k() != config.k {
-            return Err(Error::invalid("memory", format!("a memory with k = {}", config.k), format!("k = {}", memory.lock().k())));
+            return Err(Error::invalid(
+                "memory",
+                format!("a memory with k = {}", config.k),
+                format!("k = {}", memory.lock().k()),
+            ));
         }
         if let Some(&bad) = excluded.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(Error::TokenOutOfRange { name: "excluded", token: bad as u64, vocab_size });
+            return Err(Error::TokenOutOfRange {
+                name: "excluded",
+                token: bad as u64,
+                vocab_size,
+            });
         }
         Ok(RecapDrafter {
             ctx: ContextTables::new(config.k, config.context_capacity),
@@ -178,7 +203,14 @@ impl RecapDrafter {
     }
 
     /// Writes one row under the keys of context (prev2, prev, token).
-    fn write_row(u: &mut UnigramTable, ctx: &mut ContextTables, keys: (u32, u32, u32), ids: &[u32], probs: &[f32], context: bool) {
+    fn write_row(
+        u: &mut UnigramTable,
+        ctx: &mut ContextTables,
+        keys: (u32, u32, u32),
+        ids: &[u32],
+        probs: &[f32],
+        context: bool,
+    ) {
         let (pp, p, t) = keys;
         let stats = Some(row_stats(probs));
         u.insert(t, ids, probs, stats);
@@ -193,7 +225,13 @@ impl RecapDrafter {
 
 fn last_two(history: &[u32]) -> [u32; 2] {
     let n = history.len();
-    let at = |back: usize| if n > back { history[n - 1 - back] } else { NO_TOKEN };
+    let at = |back: usize| {
+        if n > back {
+            history[n - 1 - back]
+        } else {
+            NO_TOKEN
+        }
+    };
     [at(2), at(1)]
 }
 
@@ -219,7 +257,14 @@ impl Drafter for RecapDrafter {
             }
             let [pp, p] = last_two(&context[..=i]);
             let (ids, probs) = rows.row(i);
-            Self::write_row(&mut u, &mut self.ctx, (pp, p, t), ids, probs, self.config.seed_context);
+            Self::write_row(
+                &mut u,
+                &mut self.ctx,
+                (pp, p, t),
+                ids,
+                probs,
+                self.config.seed_context,
+            );
         }
     }
 
@@ -234,7 +279,8 @@ impl Drafter for RecapDrafter {
                 fuser: &mut self.fuser,
                 config: &self.config,
             };
-            self.search.build(tree, &self.config.search, &self.excluded, &mut source);
+            self.search
+                .build(tree, &self.config.search, &self.excluded, &mut source);
         }
         // Graft the suffix continuation as a chain from the root, reusing existing children.
         let (cont, _) = self.automaton.continuation(self.config.suffix_len);

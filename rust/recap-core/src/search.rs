@@ -41,13 +41,25 @@ impl SearchParams {
 
     pub fn validate(&self) -> Result<()> {
         if self.budget > Self::MAX_BUDGET {
-            return Err(Error::invalid("budget", format!("0..={}", Self::MAX_BUDGET), self.budget));
+            return Err(Error::invalid(
+                "budget",
+                format!("0..={}", Self::MAX_BUDGET),
+                self.budget,
+            ));
         }
         if !(1..=Self::MAX_DEPTH).contains(&self.max_depth) {
-            return Err(Error::invalid("max_depth", format!("1..={}", Self::MAX_DEPTH), self.max_depth));
+            return Err(Error::invalid(
+                "max_depth",
+                format!("1..={}", Self::MAX_DEPTH),
+                self.max_depth,
+            ));
         }
         if self.eta.is_empty() || self.eta.iter().any(|&e| !(e > 0.0 && e <= 1.0)) {
-            return Err(Error::invalid("eta", "a non-empty list of values in (0, 1]", format!("{:?}", self.eta)));
+            return Err(Error::invalid(
+                "eta",
+                "a non-empty list of values in (0, 1]",
+                format!("{:?}", self.eta),
+            ));
         }
         Ok(())
     }
@@ -149,7 +161,11 @@ impl BestFirst {
                 self.heap.push(next);
             }
             let prev = tree.tokens[parent];
-            let prev2 = if parent == 0 { p } else { tree.tokens[tree.parents[parent] as usize] };
+            let prev2 = if parent == 0 {
+                p
+            } else {
+                tree.tokens[tree.parents[parent] as usize]
+            };
             if tree.depths[node] < params.max_depth {
                 self.expand(tree, node, prev2, prev, params, excluded, source);
             } else {
@@ -263,7 +279,13 @@ mod tests {
     }
 
     /// Every valid node of the unbounded search space (to max depth) with its score.
-    fn enumerate(t: &mut Table, params: &SearchParams, excluded: &TokenSet, root: u32, p_root: u32) -> Vec<(Vec<u32>, f32)> {
+    fn enumerate(
+        t: &mut Table,
+        params: &SearchParams,
+        excluded: &TokenSet,
+        root: u32,
+        p_root: u32,
+    ) -> Vec<(Vec<u32>, f32)> {
         let mut out = Vec::new();
         // (path tokens incl. root, score, prev of last)
         let mut stack = vec![(vec![root], 1.0f32)];
@@ -276,7 +298,11 @@ mod tests {
                 continue;
             }
             let last = *path.last().unwrap();
-            let prev = if path.len() >= 2 { path[path.len() - 2] } else { p_root };
+            let prev = if path.len() >= 2 {
+                path[path.len() - 2]
+            } else {
+                p_root
+            };
             let mut prop = Proposal::default();
             t.children(NO_TOKEN, prev, last, &mut prop);
             for (&tok, &q) in prop.ids.iter().zip(prop.probs.iter()) {
@@ -342,7 +368,11 @@ mod tests {
                 out.probs = vec![0.9, 0.1];
             }
         }
-        let params = SearchParams { budget: 5, max_depth: 3, eta: vec![0.5] };
+        let params = SearchParams {
+            budget: 5,
+            max_depth: 3,
+            eta: vec![0.5],
+        };
         let mut tree = DraftTree::default();
         tree.reset(0, [NO_TOKEN, NO_TOKEN]);
         BestFirst::default().build(&mut tree, &params, &TokenSet::new(16), &mut Chain);
@@ -354,9 +384,17 @@ mod tests {
 
     #[test]
     fn invalid_params_are_reported() {
-        let p = SearchParams { budget: 5, max_depth: 0, eta: vec![0.5] };
+        let p = SearchParams {
+            budget: 5,
+            max_depth: 0,
+            eta: vec![0.5],
+        };
         assert!(p.validate().unwrap_err().to_string().contains("max_depth"));
-        let p = SearchParams { budget: 5, max_depth: 3, eta: vec![1.5] };
+        let p = SearchParams {
+            budget: 5,
+            max_depth: 3,
+            eta: vec![1.5],
+        };
         assert!(p.validate().unwrap_err().to_string().contains("eta"));
     }
 }

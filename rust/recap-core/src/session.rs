@@ -19,7 +19,11 @@ pub struct DraftSession {
 
 fn check_tokens(name: &'static str, ids: &[u32], vocab_size: usize) -> Result<()> {
     match ids.iter().find(|&&t| t as usize >= vocab_size) {
-        Some(&bad) => Err(Error::TokenOutOfRange { name, token: bad as u64, vocab_size }),
+        Some(&bad) => Err(Error::TokenOutOfRange {
+            name,
+            token: bad as u64,
+            vocab_size,
+        }),
         None => Ok(()),
     }
 }
@@ -53,7 +57,11 @@ impl DraftSession {
     /// Starts a request from its committed tokens (the last one is the first root).
     pub fn begin(&mut self, context: &[u32]) -> Result<()> {
         if context.is_empty() {
-            return Err(Error::invalid("context", "at least one token", "an empty sequence"));
+            return Err(Error::invalid(
+                "context",
+                "at least one token",
+                "an empty sequence",
+            ));
         }
         check_tokens("context", context, self.vocab_size)?;
         self.history.clear();
@@ -71,7 +79,10 @@ impl DraftSession {
         if rows.rows() > self.history.len() {
             return Err(Error::ShapeMismatch {
                 name: "seed rows",
-                expected: format!("at most {} rows (one per context token)", self.history.len()),
+                expected: format!(
+                    "at most {} rows (one per context token)",
+                    self.history.len()
+                ),
                 got: format!("{} rows", rows.rows()),
             });
         }
@@ -92,7 +103,9 @@ impl DraftSession {
     /// per-node rows, and appends the committed tokens to the history.
     pub fn observe(&mut self, pred: &[u32], rows: &TopKRows<'_>) -> Result<Acceptance> {
         if !self.awaiting_verification {
-            return Err(Error::InvalidState("observe called without a proposed tree (call propose first)".into()));
+            return Err(Error::InvalidState(
+                "observe called without a proposed tree (call propose first)".into(),
+            ));
         }
         let n = self.tree.len();
         if pred.len() != n || rows.rows() != n {

@@ -177,7 +177,10 @@ mod tests {
             let suffix = &text[n - l..];
             for e in (l - 1)..(n - 1) {
                 if &text[e + 1 - l..=e] == suffix {
-                    return Some(SuffixMatch { len: l, continuation_start: e + 1 });
+                    return Some(SuffixMatch {
+                        len: l,
+                        continuation_start: e + 1,
+                    });
                 }
             }
         }

