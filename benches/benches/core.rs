@@ -1,1 +1,111 @@
-fn main() {}
+//! Criterion benches of the host-side hot paths on a warmed state: vocabulary 151,936, K = 8,
+//! default tree (63 nodes + 4 suffix, depth 10), tables warmed by >= 10,000 node updates.
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use recap_benches::{Simulator, VOCAB};
+use recap_core::fusion::Proposal;
+use recap_core::suffix::SuffixAutomaton;
+use recap_core::{RecapConfig, RecapDrafter, SharedMemory};
+use std::hint::black_box;
+
+fn warmed() -> Simulator {
+    let mut sim = Simulator::new(RecapConfig::default(), 42);
+    while sim.updates < 20_000 {
+        sim.run_request(200, 200);
+    }
+    sim.begin_request(200);
+    for _ in 0..20 {
+        sim.step();
+    }
+    sim
+}
+
+fn bench_steps(c: &mut Criterion) {
+    let mut sim = warmed();
+    eprintln!(
+        "warm state: {} node updates, {:.2} MiB, tree of {} nodes",
+        sim.updates,
+        sim.state_bytes() as f64 / (1 << 20) as f64,
+        sim.session.propose().unwrap().len()
+    );
+    let mut g = c.benchmark_group("recap");
+    g.bench_function("propose (lookup+fusion+tree+suffix+preorder)", |b| {
+        b.iter(|| black_box(sim.session.propose().unwrap().len()))
+    });
+    let mut mask = Vec::new();
+    g.bench_function("propose + pack (ancestor mask)", |b| {
+        b.iter(|| {
+            let t = sim.session.propose().unwrap();
+            mask.resize(t.len() * t.len(), false);
+            t.write_ancestor_mask(&mut mask);
+            black_box(mask[mask.len() - 1])
+        })
+    });
+    g.bench_function("pack (ancestor mask, 68 nodes)", |b| {
+        let t = sim.session.propose().unwrap().clone();
+        mask.resize(t.len() * t.len(), false);
+        b.iter(|| {
+            t.write_ancestor_mask(&mut mask);
+            black_box(mask[1])
+        })
+    });
+    g.bench_function("update (accept + all evaluated rows + automaton)", |b| {
+        b.iter_batched(
+            || {
+                sim.session.propose().unwrap();
+                sim.verify_current_tree();
+            },
+            |_| black_box(sim.observe()),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("full step (propose + pack + update)", |b| {
+        b.iter(|| {
+            let t = sim.session.propose().unwrap();
+            mask.resize(t.len() * t.len(), false);
+            t.write_ancestor_mask(&mut mask);
+            sim.verify_current_tree();
+            black_box(sim.observe())
+        })
+    });
+    g.finish();
+}
+
+fn bench_lookup(c: &mut Criterion) {
+    let sim = warmed();
+    let memory: SharedMemory = sim.memory.clone();
+    let mut drafter = RecapDrafter::new(RecapConfig::default(), memory, &[]).unwrap();
+    let keys: Vec<u32> = sim.session.history().to_vec();
+    let mut out = Proposal::default();
+    let mut i = 2;
+    c.bench_function("fused lookup (G, C, U -> top-8)", |b| {
+        b.iter(|| {
+            i = if i + 1 >= keys.len() { 2 } else { i + 1 };
+            drafter.fused_proposal(keys[i - 2], keys[i - 1], keys[i], &mut out);
+            black_box(out.len())
+        })
+    });
+}
+
+fn bench_automaton(c: &mut Criterion) {
+    let mut rng = recap_benches::Rng::new(3);
+    let text: Vec<u32> = (0..1200).map(|_| (rng.token() % 2000) as u32).collect();
+    c.bench_function(
+        "suffix automaton: append 1,200 tokens + match after each",
+        |b| {
+            b.iter(|| {
+                let mut a = SuffixAutomaton::new();
+                let mut total = 0usize;
+                for &t in &text {
+                    a.push(t);
+                    total += a.continuation(4).0.len();
+                }
+                black_box(total)
+            })
+        },
+    );
+    let _ = VOCAB;
+}
+
+criterion_group!(benches, bench_steps, bench_lookup, bench_automaton);
+criterion_main!(benches);

@@ -202,6 +202,19 @@ impl RecapDrafter {
         &self.memory
     }
 
+    /// The fused children distribution of context (prev2, prev, token), as the tree search
+    /// sees it (for inspection and benchmarks).
+    pub fn fused_proposal(&mut self, prev2: u32, prev: u32, token: u32, out: &mut Proposal) {
+        let u = self.memory.lock();
+        let mut source = FusedSource {
+            u: &u,
+            ctx: &self.ctx,
+            fuser: &mut self.fuser,
+            config: &self.config,
+        };
+        source.children(prev2, prev, token, out);
+    }
+
     /// Writes one row under the keys of context (prev2, prev, token).
     fn write_row(
         u: &mut UnigramTable,

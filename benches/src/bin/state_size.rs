@@ -1,0 +1,30 @@
+//! Host state of RECAP after simulating 1,000 requests of 200 generated tokens at a
+//! 151,936-token vocabulary (default settings). `cargo run --release -p recap-benches --bin state_size`
+
+use recap_benches::{Simulator, VOCAB};
+use recap_core::RecapConfig;
+
+fn main() {
+    let mut sim = Simulator::new(RecapConfig::default(), 7);
+    let mut peak = 0usize;
+    for r in 0..1000 {
+        sim.run_request(100, 200);
+        peak = peak.max(sim.state_bytes());
+        if (r + 1) % 250 == 0 {
+            let mib = |b: usize| b as f64 / (1 << 20) as f64;
+            println!(
+                "after {:4} requests: state {:.2} MiB (peak {:.2} MiB), U rows {} (evicted {}), updates {}",
+                r + 1,
+                mib(sim.state_bytes()),
+                mib(peak),
+                sim.memory.lock().len(),
+                sim.memory.lock().evictions(),
+                sim.updates
+            );
+        }
+    }
+    println!(
+        "vocabulary {VOCAB}, K 8, U capacity {}",
+        sim.memory.lock().capacity()
+    );
+}
