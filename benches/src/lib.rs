@@ -17,13 +17,28 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 33)
 }
 
+/// Maps a hash to a token id with a heavy-tailed (log-uniform) distribution, so that frequent
+/// tokens repeat as in real text while the whole vocabulary is still reached.
+#[inline]
+fn skewed(h: u64) -> u32 {
+    let u = (h % 1_000_000) as f64 / 1_000_000.0;
+    ((VOCAB as f64).powf(u) as u32).min(VOCAB as u32 - 1)
+}
+
 /// A deterministic "target": its top-K after (prev, tok) depends mostly on tok and a little
-/// on prev, spread over the whole vocabulary (so U fills up as real text would).
+/// on prev, with heavy-tailed ids (so U fills up over many requests as real text would).
 pub fn target_row(prev: u32, tok: u32, ids: &mut [u32], probs: &mut [f32]) {
     let base = mix(tok as u64 * 8 + (prev as u64 % 3));
-    for j in 0..K {
-        ids[j] = (mix(base + j as u64) % VOCAB as u64) as u32;
-        probs[j] = PROBS[j];
+    let mut j = 0;
+    let mut salt = 0u64;
+    while j < K {
+        let id = skewed(mix(base + salt));
+        salt += 1;
+        if !ids[..j].contains(&id) {
+            ids[j] = id;
+            probs[j] = PROBS[j];
+            j += 1;
+        }
     }
 }
 
@@ -41,8 +56,7 @@ impl Rng {
     }
     /// Skewed token ids: small ids are much more frequent (roughly Zipf-like).
     pub fn token(&mut self) -> u32 {
-        let u = (self.next() % 1_000_000) as f64 / 1_000_000.0;
-        ((VOCAB as f64).powf(u) as u32).min(VOCAB as u32 - 1)
+        skewed(self.next())
     }
 }
 
