@@ -7,18 +7,26 @@ use recap_core::RecapConfig;
 fn main() {
     let mut sim = Simulator::new(RecapConfig::default(), 7);
     let mut peak = 0usize;
-    for r in 0..1000 {
+    let requests: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1000);
+    for r in 0..requests {
         sim.run_request(100, 200);
         peak = peak.max(sim.state_bytes());
-        if (r + 1) % 250 == 0 {
+        if (r + 1) % 250 == 0 || r + 1 == requests {
             let mib = |b: usize| b as f64 / (1 << 20) as f64;
+            let (rows, evicted) = {
+                let u = sim.memory.lock();
+                (u.len(), u.evictions())
+            };
             println!(
                 "after {:4} requests: state {:.2} MiB (peak {:.2} MiB), U rows {} (evicted {}), updates {}",
                 r + 1,
                 mib(sim.state_bytes()),
                 mib(peak),
-                sim.memory.lock().len(),
-                sim.memory.lock().evictions(),
+                rows,
+                evicted,
                 sim.updates
             );
         }
