@@ -22,7 +22,8 @@ setup() {
 }
 
 run_tests() {
-  export PYO3_PYTHON="$PWD/$PY"
+  PYO3_PYTHON="$("$PY" -c 'import sys; print(sys.executable)')"
+  export PYO3_PYTHON
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets -- -D warnings
   cargo test --workspace --exclude recap-py
