@@ -93,7 +93,7 @@ fn bench_lookup(c: &mut Criterion) {
 
 fn bench_automaton(c: &mut Criterion) {
     let mut rng = recap_benches::Rng::new(3);
-    let text: Vec<u32> = (0..1200).map(|_| (rng.token() % 2000) as u32).collect();
+    let text: Vec<u32> = (0..1200).map(|_| rng.token() % 2000).collect();
     c.bench_function(
         "suffix automaton: append 1,200 tokens + match after each",
         |b| {

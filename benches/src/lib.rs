@@ -48,7 +48,7 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         Rng(seed.max(1))
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -56,7 +56,7 @@ impl Rng {
     }
     /// Skewed token ids: small ids are much more frequent (roughly Zipf-like).
     pub fn token(&mut self) -> u32 {
-        skewed(self.next())
+        skewed(self.next_u64())
     }
 }
 
