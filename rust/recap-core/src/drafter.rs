@@ -1,6 +1,6 @@
 //! The interface every drafter implements, and the per-node rows the verifier hands back.
 
-use crate::error::{Error, Result};
+use crate::error::{check_tokens, Error, Result};
 use crate::tree::DraftTree;
 
 /// Top-K rows, one per position: `ids[i*k..(i+1)*k]`, `probs[i*k..(i+1)*k]` (full-softmax
@@ -31,13 +31,7 @@ impl<'a> TopKRows<'a> {
                 got: format!("{} ids and {} probs", ids.len(), probs.len()),
             });
         }
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(Error::TokenOutOfRange {
-                name: "top-k ids",
-                token: bad as u64,
-                vocab_size,
-            });
-        }
+        check_tokens("top-k ids", ids, vocab_size)?;
         if let Some(&bad) = probs.iter().find(|p| !(p.is_finite() && **p >= 0.0)) {
             return Err(Error::invalid(
                 "top-k probs",

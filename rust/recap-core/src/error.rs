@@ -34,6 +34,18 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Fails with `TokenOutOfRange` on the first id that does not fit the vocabulary.
+pub(crate) fn check_tokens(name: &'static str, ids: &[u32], vocab_size: usize) -> Result<()> {
+    match ids.iter().find(|&&t| t as usize >= vocab_size) {
+        Some(&bad) => Err(Error::TokenOutOfRange {
+            name,
+            token: bad as u64,
+            vocab_size,
+        }),
+        None => Ok(()),
+    }
+}
+
 impl Error {
     pub(crate) fn invalid(
         name: &'static str,

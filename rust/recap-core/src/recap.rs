@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::drafter::{Drafter, TopKRows};
-use crate::error::{Error, Result};
+use crate::error::{check_tokens, Error, Result};
 use crate::fusion::{Fuser, FusionMode, Priors, Proposal};
 use crate::memory::{key_c, key_g, row_stats, ContextTables, UnigramTable, MAX_VOCAB};
 use crate::search::{BestFirst, ProposalSource, SearchParams};
@@ -177,13 +177,7 @@ impl RecapDrafter {
                 format!("k = {}", memory.lock().k()),
             ));
         }
-        if let Some(&bad) = excluded.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(Error::TokenOutOfRange {
-                name: "excluded",
-                token: bad as u64,
-                vocab_size,
-            });
-        }
+        check_tokens("excluded", excluded, vocab_size)?;
         Ok(RecapDrafter {
             ctx: ContextTables::new(config.k, config.context_capacity),
             config,

@@ -4,7 +4,7 @@
 
 use crate::accept::{accept_path, Acceptance};
 use crate::drafter::{Drafter, TopKRows};
-use crate::error::{Error, Result};
+use crate::error::{check_tokens, Error, Result};
 use crate::recap::check_vocab;
 use crate::tree::DraftTree;
 
@@ -15,17 +15,6 @@ pub struct DraftSession {
     tree: DraftTree,
     awaiting_verification: bool,
     accept_scratch: Vec<bool>,
-}
-
-fn check_tokens(name: &'static str, ids: &[u32], vocab_size: usize) -> Result<()> {
-    match ids.iter().find(|&&t| t as usize >= vocab_size) {
-        Some(&bad) => Err(Error::TokenOutOfRange {
-            name,
-            token: bad as u64,
-            vocab_size,
-        }),
-        None => Ok(()),
-    }
 }
 
 impl DraftSession {
