@@ -4,7 +4,7 @@ states of the prefill are read for seeding."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -34,7 +34,6 @@ class ModelAdapter:
     # Sliding-window caches are compacted correctly only while the sequence fits the window.
     sliding_window: int | None = None
     final_norm: torch.nn.Module | None = None
-    extra: dict = field(default_factory=dict)
 
     def tree_positions(self, cache_len: int, depths: torch.Tensor) -> torch.Tensor:
         """Position ids [1, T] of the tree nodes: cache length + depth (+ M-RoPE delta)."""

@@ -198,7 +198,6 @@ impl Drafter {
             seed_context,
             reset_unigram: reset_memory,
         };
-        config.validate().map_err(to_py)?;
         let excluded = match excluded {
             Some(obj) => ids_1d("excluded", obj)?,
             None => Vec::new(),
