@@ -100,6 +100,21 @@ def test_max_length_is_respected_exactly():
     assert out.shape[1] == 17 and out.tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("gen_max_length", [None, 14])
+def test_default_length_follows_the_generation_config(gen_max_length):
+    model = text_model("Llama")
+    ids = torch.tensor([[3, 4, 5, 3, 4, 5]])
+    saved = model.generation_config.max_length
+    model.generation_config.max_length = gen_max_length
+    try:
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, eos_token_id=None,
+                              pad_token_id=0)
+        got = recap.Decoder(model).generate(ids, eos_token_id=None)
+    finally:
+        model.generation_config.max_length = saved
+    assert got.tolist() == want.tolist()
+
+
 @pytest.mark.parametrize(
     "kwargs, error, fragment",
     [

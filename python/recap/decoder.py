@@ -110,7 +110,12 @@ class Decoder:
                 raise ValueError(f"{name}: expected a tensor on the model's device {device}, got one on {value.device}")
         prompt_len = input_ids.shape[1]
         if max_new_tokens is None and max_length is None:
-            max_new_tokens = getattr(self.model.generation_config, "max_new_tokens", None) or 20
+            # As generate: the generation config's max_new_tokens, else its max_length, else 20 new tokens.
+            gen = self.model.generation_config
+            max_new_tokens = getattr(gen, "max_new_tokens", None)
+            max_length = None if max_new_tokens is not None else getattr(gen, "max_length", None)
+            if max_new_tokens is None and max_length is None:
+                max_new_tokens = 20
         if max_new_tokens is None:
             max_new_tokens = max_length - prompt_len
         elif max_length is not None:
