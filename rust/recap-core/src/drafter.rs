@@ -68,6 +68,9 @@ pub trait Drafter: Send + Sync {
     /// Builds a tree rooted at the last committed token into `tree`, in preorder.
     fn propose(&mut self, history: &[u32], tree: &mut DraftTree);
 
+    /// The most nodes a tree can hold, root not counted (bounds the verifier's buffers).
+    fn max_nodes(&self) -> usize;
+
     /// After verification: `rows` holds one row per tree node (preorder), `committed` the
     /// tokens this step committed after the root (accepted nodes, then the bonus).
     fn observe(&mut self, tree: &DraftTree, rows: &TopKRows<'_>, committed: &[u32]);

@@ -9,6 +9,7 @@ pub mod drafter;
 pub mod error;
 pub mod fusion;
 pub mod memory;
+pub mod peers;
 pub mod recap;
 pub mod search;
 pub mod session;

@@ -276,8 +276,7 @@ impl Drafter for RecapDrafter {
     }
 
     fn propose(&mut self, history: &[u32], tree: &mut DraftTree) {
-        let root = *history.last().expect("history is never empty");
-        tree.reset(root, last_two(history));
+        tree.start(history);
         {
             let u = self.memory.lock();
             let mut source = FusedSource {
@@ -291,17 +290,13 @@ impl Drafter for RecapDrafter {
         }
         // Graft the suffix continuation as a chain from the root, reusing existing children.
         let (cont, _) = self.automaton.continuation(self.config.suffix_len);
-        let mut node = 0usize;
-        for &tok in cont {
-            if self.excluded.contains(tok) || tree.depths[node] >= self.config.search.max_depth {
-                break;
-            }
-            node = match tree.child_with_token(node, tok) {
-                Some(existing) => existing,
-                None => tree.push(node, tok, 0.0, NodeSource::Suffix),
-            };
-        }
+        let max_depth = self.config.search.max_depth;
+        tree.graft_chain(cont, &self.excluded, max_depth, NodeSource::Suffix);
         tree.into_preorder();
+    }
+
+    fn max_nodes(&self) -> usize {
+        self.config.search.budget + self.config.suffix_len
     }
 
     fn observe(&mut self, tree: &DraftTree, rows: &TopKRows<'_>, committed: &[u32]) {

@@ -5,12 +5,16 @@
 //! siblings by insertion (drafters insert best-first, so rank order) and makes the top-rank
 //! chain a contiguous prefix whose KV needs no compaction when it is accepted.
 
+use crate::token_set::TokenSet;
+
 /// Where a node came from (reported in statistics; the verifier does not care).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum NodeSource {
     Root = 0,
+    /// A prediction memory (RECAP's tree search, Token Recycling's adjacency).
     Search = 1,
+    /// Copied from earlier text (suffix graft, prompt lookup, SAM, suffix tree).
     Suffix = 2,
 }
 
@@ -56,6 +60,19 @@ impl DraftTree {
         self.sources.push(NodeSource::Root);
     }
 
+    /// Starts a new tree rooted at the last committed token of `history` (non-empty).
+    pub fn start(&mut self, history: &[u32]) {
+        let n = history.len();
+        let at = |back: usize| {
+            if n > back {
+                history[n - 1 - back]
+            } else {
+                NO_TOKEN
+            }
+        };
+        self.reset(at(0), [at(2), at(1)]);
+    }
+
     /// Appends a child of `parent` and returns its index.
     pub fn push(&mut self, parent: usize, token: u32, score: f32, source: NodeSource) -> usize {
         debug_assert!(parent < self.len());
@@ -66,6 +83,28 @@ impl DraftTree {
         self.scores.push(score);
         self.sources.push(source);
         self.len() - 1
+    }
+
+    /// Appends `tokens` as a chain below the root, reusing existing children, and stops at
+    /// the first excluded token or at `max_depth`. Returns the number of tokens placed.
+    pub fn graft_chain(
+        &mut self,
+        tokens: &[u32],
+        excluded: &TokenSet,
+        max_depth: u32,
+        source: NodeSource,
+    ) -> usize {
+        let mut node = 0usize;
+        for (placed, &tok) in tokens.iter().enumerate() {
+            if excluded.contains(tok) || self.depths[node] >= max_depth {
+                return placed;
+            }
+            node = match self.child_with_token(node, tok) {
+                Some(existing) => existing,
+                None => self.push(node, tok, 0.0, source),
+            };
+        }
+        tokens.len()
     }
 
     /// The child of `parent` carrying `token`, if any.
