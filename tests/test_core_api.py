@@ -189,7 +189,7 @@ def test_memory_is_shared_bounded_and_reports_bytes():
     assert mem.bytes() > 16 * 8 * 8
     with pytest.raises(ValueError, match="vocab_size"):
         Drafter.recap(V + 1, memory=mem)
-    with pytest.raises(ValueError, match="k = 8"):
+    with pytest.raises(ValueError, match="k 4, got vocab_size 50 and k 8"):
         Drafter.recap(V, k=4, memory=mem)
 
 

@@ -7,6 +7,7 @@ the configuration and the model-facing loop.
 
 from recap._core import Drafter, DraftTree, PersistentMemory, __version__
 from recap.config import RecapConfig
+from recap.drafters import DRAFTERS
 
 
 def __getattr__(name: str):
@@ -17,4 +18,4 @@ def __getattr__(name: str):
         return Decoder
     raise AttributeError(f"module 'recap' has no attribute {name!r}")
 
-__all__ = ["Decoder", "DraftTree", "Drafter", "PersistentMemory", "RecapConfig", "__version__"]
+__all__ = ["DRAFTERS", "Decoder", "DraftTree", "Drafter", "PersistentMemory", "RecapConfig", "__version__"]

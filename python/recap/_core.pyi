@@ -57,6 +57,46 @@ class Drafter:
         excluded: IntArray | None = None,
         memory: PersistentMemory | None = None,
     ) -> Drafter: ...
+    @staticmethod
+    def ar(vocab_size: int) -> Drafter: ...
+    @staticmethod
+    def pld(
+        vocab_size: int, *, max_ngram: int = 2, num_tokens: int = 10, excluded: IntArray | None = None
+    ) -> Drafter: ...
+    @staticmethod
+    def tr(
+        vocab_size: int,
+        *,
+        levels: Sequence[int] | None = None,
+        k: int = 8,
+        excluded: IntArray | None = None,
+        memory: PersistentMemory | None = None,
+    ) -> Drafter: ...
+    @staticmethod
+    def sam(
+        vocab_size: int,
+        *,
+        max_len: int = 60,
+        fallback_tr: bool = False,
+        threshold: int = 5,
+        levels: Sequence[int] | None = None,
+        k: int = 8,
+        excluded: IntArray | None = None,
+        memory: PersistentMemory | None = None,
+    ) -> Drafter: ...
+    @staticmethod
+    def suffix(
+        vocab_size: int,
+        *,
+        max_depth: int = 64,
+        max_spec: int = 16,
+        factor: float = 1.0,
+        min_prob: float = 0.1,
+        cross_request: bool = False,
+        excluded: IntArray | None = None,
+    ) -> Drafter: ...
+    @property
+    def max_nodes(self) -> int: ...
     @property
     def method(self) -> str: ...
     @property

@@ -8,12 +8,14 @@ accept + update (Rust) -> compact the KV cache -> commit tokens. The output equa
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
+from recap import drafters
 from recap._core import PersistentMemory
 from recap.adapters import ModelAdapter, adapter_for
 from recap.config import RecapConfig
@@ -54,26 +56,31 @@ def _compact_cache(cache, past_len: int, path: np.ndarray, tree_len: int) -> Non
 
 
 class Decoder:
-    """Wraps a transformers model and generates greedily with RECAP drafts.
+    """Wraps a transformers model and generates greedily with tree-verified drafts.
 
-    ``memory`` (a `recap.PersistentMemory`) holds U across calls; pass one to share it
-    between decoders. Request-local memories reset on every call.
+    ``drafter`` names the draft source (``"recap"``, its ablations or a peer; see
+    `recap.drafters.DRAFTERS`). The drafter lives as long as the Decoder, so what it keeps
+    across requests (RECAP's U, Token Recycling's rows) carries over between calls; pass a
+    `recap.PersistentMemory` as ``memory`` to share those rows between decoders. One Decoder
+    runs one request at a time: concurrent calls wait for each other (use one Decoder per
+    thread, sharing a memory, for parallel requests).
     """
 
     def __init__(self, model: torch.nn.Module, config: RecapConfig | None = None,
-                 memory: PersistentMemory | None = None) -> None:
+                 memory: PersistentMemory | None = None, *, drafter: str = "recap") -> None:
         self.model = model
         self.config = config if config is not None else RecapConfig()
         self.adapter: ModelAdapter = adapter_for(model)
         vocab = self.adapter.vocab_size
-        if memory is None:
-            memory = self.config.new_memory(vocab)
-        elif memory.vocab_size != vocab or memory.k != self.config.k:
+        if memory is not None and (memory.vocab_size != vocab or memory.k != self.config.k):
             raise ValueError(
                 f"memory: expected a PersistentMemory with vocab_size={vocab} and k={self.config.k}, "
                 f"got vocab_size={memory.vocab_size} and k={memory.k}"
             )
-        self.memory = memory
+        self.drafter_name = drafters.spec(drafter).name
+        self._drafter = drafters.build(drafter, vocab, self.config, memory, self.adapter.excluded)
+        self.memory: PersistentMemory | None = self._drafter.memory
+        self._lock = threading.Lock()
         self._cache_kw = _cache_keyword(model)
         self.last_stats: GenerationStats | None = None
 
@@ -123,7 +130,7 @@ class Decoder:
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens: expected a positive int (after max_length), got {max_new_tokens!r}")
         window = self.adapter.sliding_window
-        worst = prompt_len + max_new_tokens + self.config.budget + self.config.suffix_len + 1
+        worst = prompt_len + max_new_tokens + self._drafter.max_nodes + 1
         if window is not None and worst > window:
             raise NotImplementedError(
                 f"this model uses sliding-window attention (window {window}); recap.Decoder supports it only "
@@ -141,6 +148,12 @@ class Decoder:
 
         Like `generate`, an explicit ``eos_token_id=None`` disables stopping on EOS; leaving
         it out uses the model's generation config."""
+        with self._lock:
+            return self._generate(input_ids, attention_mask, max_new_tokens, max_length, eos_token_id,
+                                  streamer, model_inputs)
+
+    def _generate(self, input_ids, attention_mask, max_new_tokens, max_length, eos_token_id, streamer,
+                  model_inputs) -> torch.Tensor:
         input_ids, max_new = self._check_request(input_ids, max_new_tokens, max_length, model_inputs)
         model_inputs.pop("use_cache", None)
         if attention_mask is not None and not bool(attention_mask.all()):
@@ -153,7 +166,7 @@ class Decoder:
         device = input_ids.device
         prompt = input_ids[0].tolist()
 
-        drafter = cfg.new_drafter(self.adapter.vocab_size, memory=self.memory, excluded=self.adapter.excluded)
+        drafter = self._drafter
         cache = _new_cache(model)
         first, seed_ids, seed_probs = self._prefill(input_ids, attention_mask, cache, model_inputs)
         stats.prefill_s = time.perf_counter() - t_start

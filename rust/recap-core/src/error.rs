@@ -35,7 +35,7 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Fails with `TokenOutOfRange` on the first id that does not fit the vocabulary.
-pub(crate) fn check_tokens(name: &'static str, ids: &[u32], vocab_size: usize) -> Result<()> {
+pub fn check_tokens(name: &'static str, ids: &[u32], vocab_size: usize) -> Result<()> {
     match ids.iter().find(|&&t| t as usize >= vocab_size) {
         Some(&bad) => Err(Error::TokenOutOfRange {
             name,

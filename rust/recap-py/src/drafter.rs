@@ -6,6 +6,11 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use recap_core::memory::UnigramTable;
 use recap_core::search::DEFAULT_ETA;
+use recap_core::peers::{
+    Autoregressive, PromptLookup, SamDrafter, SuffixTreeConfig, SuffixTreeDrafter,
+    TokenRecycling, TR_LEVELS,
+};
+use recap_core::token_set::TokenSet;
 use recap_core::{
     DraftSession, FusionMode, Priors, RecapConfig, RecapDrafter, SearchParams, SharedMemory,
     TopKRows,
@@ -152,6 +157,57 @@ fn parse_priors(p: (f32, f32, f32)) -> Priors {
     }
 }
 
+fn nonneg(name: &str, v: i64) -> PyResult<usize> {
+    usize::try_from(v)
+        .map_err(|_| PyValueError::new_err(format!("{name}: expected a value >= 0, got {v}")))
+}
+
+fn excluded_set(vocab_size: usize, excluded: Option<&Bound<'_, PyAny>>) -> PyResult<TokenSet> {
+    let ids = match excluded {
+        Some(obj) => ids_1d("excluded", obj)?,
+        None => Vec::new(),
+    };
+    recap_core::error::check_tokens("excluded", &ids, vocab_size).map_err(to_py)?;
+    Ok(TokenSet::from_ids(vocab_size, &ids))
+}
+
+/// The given memory (checked against vocab_size and k) or a new private one.
+fn memory_or_new(
+    py: Python<'_>,
+    memory: Option<Py<PersistentMemory>>,
+    vocab_size: usize,
+    k: usize,
+) -> PyResult<Py<PersistentMemory>> {
+    let memory = match memory {
+        Some(m) => m,
+        None => Py::new(
+            py,
+            PersistentMemory::new(vocab_size, k, SharedMemory::DEFAULT_CAPACITY)?,
+        )?,
+    };
+    let shared = &memory.get().inner;
+    let got_k = shared.lock().k();
+    if shared.vocab_size() != vocab_size || got_k != k {
+        return Err(PyValueError::new_err(format!(
+            "memory: expected a PersistentMemory with vocab_size {vocab_size} and k {k}, got \
+             vocab_size {} and k {got_k}",
+            shared.vocab_size()
+        )));
+    }
+    Ok(memory)
+}
+
+impl Drafter {
+    fn from_core(
+        drafter: Box<dyn recap_core::Drafter>,
+        vocab_size: usize,
+        memory: Option<Py<PersistentMemory>>,
+    ) -> PyResult<Self> {
+        let session = DraftSession::new(drafter, vocab_size).map_err(to_py)?;
+        Ok(Drafter { session, memory })
+    }
+}
+
 #[pymethods]
 impl Drafter {
     /// A RECAP drafter. `memory` is a PersistentMemory to share; a private one is created
@@ -178,11 +234,6 @@ impl Drafter {
         excluded: Option<&Bound<'_, PyAny>>,
         memory: Option<Py<PersistentMemory>>,
     ) -> PyResult<Self> {
-        let nonneg = |name: &str, v: i64| {
-            usize::try_from(v).map_err(|_| {
-                PyValueError::new_err(format!("{name}: expected a value >= 0, got {v}"))
-            })
-        };
         let vocab_size = nonneg("vocab_size", vocab_size)?;
         let config = RecapConfig {
             k: nonneg("k", k)?,
@@ -202,26 +253,123 @@ impl Drafter {
             Some(obj) => ids_1d("excluded", obj)?,
             None => Vec::new(),
         };
-        let memory = match memory {
-            Some(m) => m,
-            None => Py::new(
-                py,
-                PersistentMemory::new(vocab_size, config.k, SharedMemory::DEFAULT_CAPACITY)?,
-            )?,
-        };
+        let memory = memory_or_new(py, memory, vocab_size, config.k)?;
         let shared = memory.get().inner.clone();
-        if shared.vocab_size() != vocab_size {
-            return Err(PyValueError::new_err(format!(
-                "memory: expected a PersistentMemory with vocab_size {vocab_size}, got vocab_size {}",
-                shared.vocab_size()
-            )));
-        }
         let drafter = RecapDrafter::new(config, shared, &excluded).map_err(to_py)?;
-        let session = DraftSession::new(Box::new(drafter), vocab_size).map_err(to_py)?;
-        Ok(Drafter {
-            session,
-            memory: Some(memory),
-        })
+        Self::from_core(Box::new(drafter), vocab_size, Some(memory))
+    }
+
+    /// Plain greedy decoding through the same loop (every tree is the root alone).
+    #[staticmethod]
+    fn ar(vocab_size: i64) -> PyResult<Self> {
+        Self::from_core(
+            Box::new(Autoregressive),
+            nonneg("vocab_size", vocab_size)?,
+            None,
+        )
+    }
+
+    /// Prompt lookup with transformers' semantics: the earliest earlier occurrence of the
+    /// last n-gram (n = max_ngram .. 1), then up to num_tokens tokens as a chain.
+    #[staticmethod]
+    #[pyo3(signature = (vocab_size, *, max_ngram = 2, num_tokens = 10, excluded = None))]
+    fn pld(
+        vocab_size: i64,
+        max_ngram: i64,
+        num_tokens: i64,
+        excluded: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let vocab_size = nonneg("vocab_size", vocab_size)?;
+        let excluded = excluded_set(vocab_size, excluded)?;
+        let d = PromptLookup::new(
+            nonneg("max_ngram", max_ngram)?,
+            nonneg("num_tokens", num_tokens)?,
+            excluded,
+        )
+        .map_err(to_py)?;
+        Self::from_core(Box::new(d), vocab_size, None)
+    }
+
+    /// Token Recycling: adjacency rows in `memory` (kept across requests), static tree
+    /// template with `levels` nodes per level (default 8/21/25/15/8/3, 80 nodes).
+    #[staticmethod]
+    #[pyo3(signature = (vocab_size, *, levels = None, k = 8, excluded = None, memory = None))]
+    fn tr(
+        py: Python<'_>,
+        vocab_size: i64,
+        levels: Option<Vec<i64>>,
+        k: i64,
+        excluded: Option<&Bound<'_, PyAny>>,
+        memory: Option<Py<PersistentMemory>>,
+    ) -> PyResult<Self> {
+        let vocab_size = nonneg("vocab_size", vocab_size)?;
+        let (tr, memory) = Self::token_recycling(py, vocab_size, levels, k, excluded, memory)?;
+        Self::from_core(Box::new(tr), vocab_size, Some(memory))
+    }
+
+    /// SAM-Decoding: suffix-automaton chains of min(max_len, 1 + 4 * match) tokens. With
+    /// `fallback_tr=True` (SAM[TR]) a Token Recycling tree is drafted when the match is
+    /// shorter than `threshold`.
+    #[staticmethod]
+    #[pyo3(signature = (vocab_size, *, max_len = 60, fallback_tr = false, threshold = 5,
+        levels = None, k = 8, excluded = None, memory = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn sam(
+        py: Python<'_>,
+        vocab_size: i64,
+        max_len: i64,
+        fallback_tr: bool,
+        threshold: i64,
+        levels: Option<Vec<i64>>,
+        k: i64,
+        excluded: Option<&Bound<'_, PyAny>>,
+        memory: Option<Py<PersistentMemory>>,
+    ) -> PyResult<Self> {
+        let vocab_size = nonneg("vocab_size", vocab_size)?;
+        let (fallback, memory) = if fallback_tr {
+            let (tr, m) = Self::token_recycling(py, vocab_size, levels, k, excluded, memory)?;
+            (Some((tr, nonneg("threshold", threshold)?)), Some(m))
+        } else {
+            (None, None)
+        };
+        let excluded = excluded_set(vocab_size, excluded)?;
+        let d = SamDrafter::new(nonneg("max_len", max_len)?, excluded, fallback).map_err(to_py)?;
+        Self::from_core(Box::new(d), vocab_size, memory)
+    }
+
+    /// SuffixDecoding-style suffix trees with counts over this request (and, with
+    /// `cross_request=True`, earlier outputs of this drafter).
+    #[staticmethod]
+    #[pyo3(signature = (vocab_size, *, max_depth = 64, max_spec = 16, factor = 1.0,
+        min_prob = 0.1, cross_request = false, excluded = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn suffix(
+        vocab_size: i64,
+        max_depth: i64,
+        max_spec: i64,
+        factor: f32,
+        min_prob: f32,
+        cross_request: bool,
+        excluded: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let vocab_size = nonneg("vocab_size", vocab_size)?;
+        let config = SuffixTreeConfig {
+            max_depth: nonneg("max_depth", max_depth)?,
+            max_spec: nonneg("max_spec", max_spec)?,
+            factor,
+            min_prob,
+            cross_request,
+            ..Default::default()
+        };
+        let excluded = excluded_set(vocab_size, excluded)?;
+        let d = SuffixTreeDrafter::new(config, excluded).map_err(to_py)?;
+        Self::from_core(Box::new(d), vocab_size, None)
+    }
+
+    /// The most nodes one tree can hold, root not counted.
+    #[getter]
+    fn max_nodes(&self) -> usize {
+        self.session.drafter().max_nodes()
     }
 
     #[getter]
@@ -315,6 +463,31 @@ impl Drafter {
     /// Heap bytes held by this drafter, its share of the persistent memory included.
     fn bytes(&self) -> usize {
         self.session.drafter().bytes()
+    }
+}
+
+impl Drafter {
+    fn token_recycling(
+        py: Python<'_>,
+        vocab_size: usize,
+        levels: Option<Vec<i64>>,
+        k: i64,
+        excluded: Option<&Bound<'_, PyAny>>,
+        memory: Option<Py<PersistentMemory>>,
+    ) -> PyResult<(TokenRecycling, Py<PersistentMemory>)> {
+        let k = nonneg("k", k)?;
+        let levels = match levels {
+            Some(l) => l
+                .into_iter()
+                .map(|v| nonneg("levels", v))
+                .collect::<PyResult<Vec<_>>>()?,
+            None => TR_LEVELS.to_vec(),
+        };
+        let memory = memory_or_new(py, memory, vocab_size, k)?;
+        let excluded = excluded_set(vocab_size, excluded)?;
+        let tr = TokenRecycling::new(memory.get().inner.clone(), &levels, excluded)
+            .map_err(to_py)?;
+        Ok((tr, memory))
     }
 }
 
