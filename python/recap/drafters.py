@@ -6,8 +6,8 @@ Token Recycling's persistent rows, the cross-request suffix trie) for the Decode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from recap._core import Drafter, PersistentMemory
 from recap.config import RecapConfig
