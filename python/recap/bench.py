@@ -1,0 +1,278 @@
+"""`recap bench`: every drafter behind the one verifier, same model, prompts and process.
+
+Per prompt, the drafters run one after another in an order rotated from prompt to prompt
+(so no drafter always runs first), after a warm-up. Multi-turn prompts keep the
+conversation: each drafter's own answers are fed back. Every drafter keeps its cross-request
+state across prompts, as in real use. Outputs are compared token for token with `ar`'s.
+
+Reported per data set and overall: tau (bonus included), tokens/s, speedup over `ar` in the
+same run, mean verified tree size, host microseconds per step by phase, forward milliseconds
+per step, and mismatching prompts. transformers' own prompt lookup
+(`generate(prompt_lookup_num_tokens=10)`) runs alongside as an external anchor.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recap.config import RecapConfig
+from recap.decoder import Decoder
+from recap.drafters import spec
+from recap.prompts import Prompt
+from recap.stats import PHASES
+
+ANCHOR = "hf_pld"
+DEFAULT_DRAFTERS = ("ar", "recap", "recap_nosuffix", "tr", "tr_bf", "pld", "sam", "sam_tr", "suffix")
+Encode = Callable[[list[dict]], torch.Tensor]
+Decode = Callable[[list[int]], str]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One column of the comparison: a drafter name, optionally at a budget ("recap@16")."""
+
+    label: str
+    name: str
+    budget: int | str | None
+
+    @staticmethod
+    def parse(text: str) -> Entry:
+        name, _, budget = text.partition("@")
+        if name == ANCHOR:
+            return Entry(text, name, None)
+        spec(name)  # raises with the list of names
+        if not budget:
+            return Entry(text, name, None)
+        if budget == "auto":
+            return Entry(text, name, "auto")
+        if not budget.isdigit():
+            raise ValueError(f"drafter budget: expected NAME@INT or NAME@auto, got {text!r}")
+        return Entry(text, name, int(budget))
+
+
+@dataclass
+class Run:
+    label: str
+    set: str
+    prompt: str
+    turn: int
+    prompt_tokens: int
+    new_tokens: int
+    steps: int
+    total_s: float
+    prefill_s: float
+    tree_nodes: int
+    phase_s: dict[str, float] = field(default_factory=dict)
+    output: list[int] = field(default_factory=list)
+    equal: bool | None = None
+
+
+class _ForwardCounter:
+    """Counts forward calls of a model (the anchor's verification passes)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls = 0
+        self._handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_: Any) -> None:
+        self.calls += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+class Bench:
+    def __init__(self, model: torch.nn.Module, encode: Encode, entries: list[Entry], *,
+                 budget: int | str = 32, max_new_tokens: int = 200, eos_token_id: int | None = None,
+                 decode: Decode | None = None) -> None:
+        if not any(e.label == "ar" for e in entries):
+            entries = [Entry("ar", "ar", None), *entries]
+        self.model, self.encode, self.decode = model, encode, decode
+        self.entries = entries
+        self.max_new_tokens, self.eos = max_new_tokens, eos_token_id
+        self.decoders: dict[str, Decoder] = {}
+        for e in entries:
+            if e.name != ANCHOR:
+                b = e.budget if e.budget is not None else budget
+                self.decoders[e.label] = Decoder(model, RecapConfig(budget=b), drafter=e.name)
+        self.runs: list[Run] = []
+
+    def _generate(self, label: str, ids: torch.Tensor, max_new: int) -> tuple[list[int], dict]:
+        attn = torch.ones_like(ids)
+        if label in self.decoders:
+            dec = self.decoders[label]
+            t = time.perf_counter()
+            out = dec.generate(ids, attention_mask=attn, max_new_tokens=max_new, eos_token_id=self.eos)
+            total = time.perf_counter() - t
+            s = dec.last_stats
+            info = dict(steps=s.steps, prefill_s=s.prefill_s, tree_nodes=sum(s.tree_sizes),
+                        phase_s=dict(s.phase_s), total_s=total)
+        else:
+            counter = _ForwardCounter(self.model)
+            try:
+                t = time.perf_counter()
+                out = self.model.generate(ids, attention_mask=attn, do_sample=False, max_new_tokens=max_new,
+                                          eos_token_id=self.eos, prompt_lookup_num_tokens=10)
+                total = time.perf_counter() - t
+            finally:
+                counter.close()
+            info = dict(steps=max(counter.calls - 1, 0), prefill_s=0.0, tree_nodes=0, phase_s={}, total_s=total)
+        return out[0, ids.shape[1]:].tolist(), info
+
+    def warm_up(self, tokens: int = 8) -> None:
+        ids = self.encode([{"role": "user", "content": "Say hello."}])
+        for e in self.entries:
+            self._generate(e.label, ids, tokens)
+
+    def run_prompt(self, index: int, prompt: Prompt) -> None:
+        labels = [e.label for e in self.entries]
+        shift = index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            messages: list[dict] = []
+            for turn, text in enumerate(prompt.turns):
+                messages.append({"role": "user", "content": text})
+                ids = self.encode(messages)
+                output, info = self._generate(label, ids, self.max_new_tokens)
+                self.runs.append(Run(label=label, set=prompt.set, prompt=prompt.id, turn=turn,
+                                     prompt_tokens=ids.shape[1], new_tokens=len(output), output=output, **info))
+                answer = self.decode(output) if self.decode else ""
+                messages.append({"role": "assistant", "content": answer})
+        self.compare(prompt.id)
+
+    def compare(self, prompt_id: str) -> None:
+        """Marks each run of the prompt equal or not to ar's output for the same turn."""
+        reference = {r.turn: r.output for r in self.runs if r.prompt == prompt_id and r.label == "ar"}
+        for r in self.runs:
+            if r.prompt == prompt_id:
+                r.equal = r.output == reference.get(r.turn)
+
+    def run(self, prompts: list[Prompt], progress: bool = True) -> None:
+        bar = _progress(len(prompts), progress)
+        for i, p in enumerate(prompts):
+            self.run_prompt(i, p)
+            bar(i + 1, p.id)
+
+    # ---- reporting --------------------------------------------------------------------
+    def summary(self) -> dict[str, dict[str, dict[str, float]]]:
+        """summary[set or "overall"][label] = figures."""
+        sets = sorted({r.set for r in self.runs}) + ["overall"]
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for s in sets:
+            rows = [r for r in self.runs if s == "overall" or r.set == s]
+            ar_time = sum(r.total_s for r in rows if r.label == "ar")
+            out[s] = {}
+            for e in self.entries:
+                mine = [r for r in rows if r.label == e.label]
+                if not mine:
+                    continue
+                steps = sum(r.steps for r in mine)
+                new = sum(r.new_tokens for r in mine)
+                total = sum(r.total_s for r in mine)
+                phases = {p: sum(r.phase_s.get(p, 0.0) for r in mine) / max(steps, 1) for p in PHASES}
+                out[s][e.label] = {
+                    "tau": sum(r.new_tokens - 1 for r in mine) / max(steps, 1),
+                    "tokens_per_s": new / total if total else 0.0,
+                    "speedup": ar_time / total if total else 0.0,
+                    "mean_tree": sum(r.tree_nodes for r in mine) / max(steps, 1),
+                    "host_us": sum(v for p, v in phases.items() if p != "forward") * 1e6,
+                    **{f"{p}_us": v * 1e6 for p, v in phases.items() if p != "forward"},
+                    "forward_ms": phases["forward"] * 1e3,
+                    "mismatches": len({r.prompt for r in mine if r.equal is False}),
+                    "prompts": len({r.prompt for r in mine}),
+                }
+        return out
+
+    def markdown(self) -> str:
+        summ = self.summary()
+        sets = list(summ)
+        lines = ["| drafter | " + " | ".join(f"{s} tau / speedup" for s in sets)
+                 + " | tree | host us/step (draft, pack, update, kv) | fwd ms/step | mismatches |",
+                 "|---" * (len(sets) + 5) + "|"]
+        for e in self.entries:
+            o = summ["overall"].get(e.label)
+            if o is None:
+                continue
+            cells = []
+            for s in sets:
+                f = summ[s].get(e.label)
+                cells.append(f"{f['tau']:.2f} / {f['speedup']:.2f}x" if f else "-")
+            host = (f"{o['host_us']:.0f} ({o['draft_us']:.0f}, {o['pack_us']:.0f}, {o['update_us']:.0f}, "
+                    f"{o['compact_us']:.0f})" if e.label in self.decoders else "n/a")
+            fwd = f"{o['forward_ms']:.1f}" if e.label in self.decoders else "n/a"
+            tree = f"{o['mean_tree']:.1f}" if e.label in self.decoders else "n/a"
+            lines.append(f"| {e.label} | " + " | ".join(cells)
+                         + f" | {tree} | {host} | {fwd} | {o['mismatches']}/{o['prompts']} |")
+        return "\n".join(lines)
+
+    def save(self, folder: Path, meta: dict) -> list[Path]:
+        folder.mkdir(parents=True, exist_ok=True)
+        written = []
+        data = {"meta": meta, "summary": self.summary(), "runs": [asdict(r) for r in self.runs]}
+        (folder / "bench.json").write_text(json.dumps(data, indent=1))
+        (folder / "bench.md").write_text(self.markdown() + "\n")
+        written += [folder / "bench.json", folder / "bench.md"]
+        png = folder / "bench.png"
+        if _plot(self.summary(), [e.label for e in self.entries], png):
+            written.append(png)
+        return written
+
+
+def _plot(summary: dict, labels: list[str], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no PNG written (pip install matplotlib)", file=sys.stderr)
+        return False
+    sets = list(summary)
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(sets) * 2), 4.5))
+    width = 0.8 / max(len(labels), 1)
+    for ax, key, title in [(axes[0], "speedup", "speedup over ar"), (axes[1], "tau", "tau (tokens per forward)")]:
+        for i, label in enumerate(labels):
+            vals = [summary[s].get(label, {}).get(key, 0.0) for s in sets]
+            ax.bar([x + i * width for x in range(len(sets))], vals, width, label=label)
+        ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(sets))], sets)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_title(title)
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _progress(total: int, enabled: bool) -> Callable[[int, str], None]:
+    start = time.perf_counter()
+
+    def update(done: int, what: str) -> None:
+        if not enabled:
+            return
+        filled = int(30 * done / max(total, 1))
+        elapsed = time.perf_counter() - start
+        eta = elapsed / done * (total - done) if done else 0.0
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} {what[:30]:<30} "
+                         f"{elapsed:5.0f} s, ~{eta:.0f} s left")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return update
+
+
+def machine() -> dict:
+    import transformers
+
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "threads": torch.get_num_threads(), "python": platform.python_version()}

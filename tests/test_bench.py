@@ -1,0 +1,70 @@
+"""The benchmark harness: same prompts for every drafter, outputs checked against ar, reports written."""
+
+import json
+
+import pytest
+import torch
+from recap.bench import Bench, Entry
+from recap.prompts import Prompt, load_prompts
+from tiny_models import text_model
+
+
+def encode(messages):
+    """A toy chat encoding: characters of every turn, mapped into the tiny vocabulary."""
+    text = "|".join(m["content"] for m in messages)
+    return torch.tensor([[3 + ord(c) % 90 for c in text]])
+
+
+PROMPTS = [
+    Prompt("echo", "echo/1", ("abcabcabc abcabc",)),
+    Prompt("chat", "chat/1", ("hello hello hello", "and again hello")),
+    Prompt("echo", "echo/2", ("xyz xyz xyzxyz",)),
+]
+
+
+def test_every_drafter_runs_on_every_prompt_and_turn_and_matches_ar(tmp_path):
+    entries = [Entry.parse(n) for n in ["recap", "recap@4", "pld", "tr", "sam_tr", "suffix", "hf_pld"]]
+    b = Bench(text_model("Llama"), encode, entries, budget=8, max_new_tokens=12, decode=lambda ids: "x" * len(ids))
+    assert [e.label for e in b.entries][0] == "ar"  # added: speedups are against it
+    b.warm_up(tokens=2)
+    b.run(PROMPTS, progress=False)
+    # 4 generations (one prompt has two turns) per drafter, none differing from ar.
+    for e in b.entries:
+        runs = [r for r in b.runs if r.label == e.label]
+        assert len(runs) == 4 and all(r.equal for r in runs)
+    summary = b.summary()
+    assert set(summary) == {"chat", "echo", "overall"}
+    assert summary["overall"]["ar"]["tau"] == 1.0 and summary["overall"]["ar"]["speedup"] == 1.0
+    assert summary["overall"]["recap@4"]["mean_tree"] <= 4 + 4 + 1  # budget + suffix graft + root
+    assert all(f["mismatches"] == 0 for f in summary["overall"].values())
+    table = b.markdown()
+    assert all(f"| {e.label} |" in table for e in b.entries)
+    written = b.save(tmp_path, {"model": "tiny"})
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert len(data["runs"]) == 4 * len(b.entries) and data["meta"]["model"] == "tiny"
+    assert tmp_path / "bench.md" in written
+
+
+def test_a_mismatch_is_counted():
+    b = Bench(text_model("Llama"), encode, [Entry.parse("pld")], max_new_tokens=6)
+    b.run(PROMPTS[:1], progress=False)
+    assert b.summary()["overall"]["pld"]["mismatches"] == 0
+    pld = next(r for r in b.runs if r.label == "pld")
+    pld.output = [t + 1 for t in pld.output]
+    b.compare(pld.prompt)
+    assert b.summary()["overall"]["pld"]["mismatches"] == 1
+
+
+@pytest.mark.parametrize("text, error", [("nope", "drafter: expected one of"), ("recap@x", "NAME@INT")])
+def test_bad_drafter_names_are_reported(text, error):
+    with pytest.raises(ValueError, match=error):
+        Entry.parse(text)
+
+
+def test_shipped_prompts_keep_images_for_vision_models_only():
+    text_only = load_prompts()
+    with_images = load_prompts(images=True)
+    assert {p.set for p in text_only} == {"mt_bench", "humaneval", "summarisation"}
+    vqa = [p for p in with_images if p.set == "easy_vqa"]
+    assert len(vqa) == 6 and all(p.image.exists() for p in vqa)
+    assert any(len(p.turns) == 2 for p in text_only)  # MT-bench keeps both turns
