@@ -82,7 +82,7 @@ def test_observe_commits_the_accepted_path_and_bonus_and_learns():
 )
 def test_propose_observe_invariants(prompt, steps, budget, depth, fusion, seed):
     rng = np.random.default_rng(seed)
-    d = RecapConfig(budget=budget, max_depth=depth, fusion=fusion).new_drafter(V)
+    d = RecapConfig(budget=budget, max_depth=depth, fusion=fusion, suffix_len=4).new_drafter(V)
     d.begin(prompt)
     history = list(prompt)
     for step in range(steps):
@@ -130,7 +130,7 @@ def test_bad_configuration_raises_value_error(kwargs, fragment):
 
 
 def test_config_dataclass_validates_before_the_core():
-    with pytest.raises(ValueError, match="budget: expected 0 <= budget <= 4096, got -3"):
+    with pytest.raises(ValueError, match="budget: expected 0 <= budget <= 4096 or \"auto\", got -3"):
         RecapConfig(budget=-3)
     with pytest.raises(ValueError, match="fusion"):
         RecapConfig(fusion="max")

@@ -11,10 +11,11 @@ from tiny_models import V, llava_inputs, llava_next_inputs, qwen25_vl_inputs, te
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 configs = st.builds(
     RecapConfig,
-    budget=st.integers(0, 40),
+    budget=st.one_of(st.integers(0, 40), st.just("auto")),
+    max_budget=st.integers(0, 40),
     max_depth=st.integers(1, 8),
     fusion=st.sampled_from(["unigram", "backoff", "uniform", "prior", "prior_confidence"]),
-    suffix_len=st.integers(0, 6),
+    suffix_len=st.one_of(st.integers(0, 6), st.just("auto")),
 )
 # Prompts with repeats so the suffix automaton and memories have something to find.
 # Ids 100-103 are the image/video placeholders and vision delimiters of the tiny VLMs.
@@ -61,11 +62,12 @@ def test_vision_language_models_equal_greedy(build, prefix, suffix, config, max_
 def test_memory_persists_across_calls_and_can_be_shared():
     model = text_model("Llama")
     ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
-    first = recap.Decoder(model)
+    fixed = RecapConfig(budget=63, suffix_len=4)  # tree sizes independent of timing
+    first = recap.Decoder(model, fixed)
     first.generate(ids, max_new_tokens=20, eos_token_id=None)
     rows_after_first = len(first.memory)
     assert rows_after_first > 0
-    second = recap.Decoder(model, memory=first.memory)
+    second = recap.Decoder(model, fixed, memory=first.memory)
     second.generate(ids, max_new_tokens=20, eos_token_id=None)
     assert second.memory is first.memory
     # The second call starts with U already warm: it needs no more steps than the first.

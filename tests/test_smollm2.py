@@ -43,7 +43,7 @@ def test_chat_prompts_equal_greedy_and_summaries_reach_tau(smollm2):
 def test_bench_command_runs_end_to_end(tmp_path):
     from recap.cli import main
 
-    code = main(["bench", "--drafters", "recap", "pld", "--sets", "summarisation", "--per-set", "1",
+    code = main(["bench", "--drafters", "recap@auto", "recap", "pld", "--sets", "summarisation", "--per-set", "1",
                  "--max-new-tokens", "8", "--out", str(tmp_path), "--quiet"])
     assert code == 0
     assert {p.name for p in tmp_path.iterdir()} >= {"bench.json", "bench.md"}

@@ -51,6 +51,7 @@ class Drafter:
         priors: tuple[float, float, float] = (0.7, 0.2, 0.1),
         fusion: str = "prior_confidence",
         suffix_len: int = 4,
+        suffix_adaptive: bool = False,
         context_capacity: int = 8192,
         seed_context: bool = False,
         reset_memory: bool = False,
@@ -95,6 +96,10 @@ class Drafter:
         cross_request: bool = False,
         excluded: IntArray | None = None,
     ) -> Drafter: ...
+    def set_cost(self, cost: Sequence[float] | None) -> None: ...
+    @property
+    def last_selection(self) -> tuple[int, int, float] | None: ...
+    def calibration(self) -> list[tuple[str, int, float, float, float]]: ...
     @property
     def max_nodes(self) -> int: ...
     @property

@@ -18,11 +18,13 @@ import torch
 from recap import drafters
 from recap._core import PersistentMemory
 from recap.adapters import ModelAdapter, adapter_for
+from recap.budget import CostModel, cost_model
 from recap.config import RecapConfig
 from recap.stats import GenerationStats
 
 _UNSET: Any = object()  # eos_token_id not given: use the model's generation config (as generate does)
 PREFILL_SEED_CHUNK = 256  # prompt positions per LM-head chunk when seeding (bounds memory)
+COST_PUSH_EVERY = 16  # steps between refreshes of the cost curve the drafter sizes trees with
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:
@@ -55,6 +57,26 @@ def _compact_cache(cache, past_len: int, path: np.ndarray, tree_len: int) -> Non
     cache.crop(-(tree_len - accepted))
 
 
+class _ChainVerifier:
+    """Runs verification passes over chains of n tokens exactly as decoding steps do (for
+    measuring the cost curve)."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.decoder = decoder
+        self.cache_kw = decoder._cache_kw
+        self.new_cache = lambda: _new_cache(decoder.model)
+
+    def __call__(self, cache, past: int, tokens: torch.Tensor) -> np.ndarray:
+        d = self.decoder
+        n = tokens.shape[1]
+        dtype = next(d.model.parameters()).dtype
+        mask = torch.zeros(1, 1, n, past + n, dtype=dtype, device=tokens.device)
+        chain = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
+        mask[0, 0, :, past:].masked_fill_(~chain, torch.finfo(dtype).min)
+        positions = d.adapter.tree_positions(past, torch.arange(n, device=tokens.device))
+        return d._forward_packed(cache, tokens, mask, positions)
+
+
 class Decoder:
     """Wraps a transformers model and generates greedily with tree-verified drafts.
 
@@ -77,12 +99,37 @@ class Decoder:
                 f"memory: expected a PersistentMemory with vocab_size={vocab} and k={self.config.k}, "
                 f"got vocab_size={memory.vocab_size} and k={memory.k}"
             )
-        self.drafter_name = drafters.spec(drafter).name
+        spec = drafters.spec(drafter)
+        self.drafter_name = spec.name
         self._drafter = drafters.build(drafter, vocab, self.config, memory, self.adapter.excluded)
         self.memory: PersistentMemory | None = self._drafter.memory
         self._lock = threading.Lock()
         self._cache_kw = _cache_keyword(model)
         self.last_stats: GenerationStats | None = None
+        self.cost: CostModel | None = None
+        self._host_s = 0.0  # running mean of the host time per step, added to every pass's cost
+        if spec.adapts_budget and self.config.auto_budget:
+            self.calibrate()
+
+    # ---- hardware-aware budget ----------------------------------------------------------
+    def calibrate(self, refresh: bool = False) -> CostModel:
+        """Measures (or takes from the process cache) the verification cost curve c(n) of this
+        model, device, dtype and thread count, and sizes trees with it from now on."""
+        verify = _ChainVerifier(self)
+        self.cost = cost_model(self.model, verify, self._drafter.max_nodes + 1, refresh=refresh)
+        self._push_cost()
+        return self.cost
+
+    def _push_cost(self) -> None:
+        curve = self.cost.curve(self._drafter.max_nodes + 1)
+        self._drafter.set_cost([c + self._host_s for c in curve])
+
+    def _forward_packed(self, cache, tokens, mask, positions) -> np.ndarray:
+        """One verification pass: logits of every tree node, reduced on the device to the
+        argmax and top-k, copied to the host in one transfer."""
+        kw = {self._cache_kw: cache, "use_cache": True}
+        logits = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits[0]
+        return self._topk_packed(logits, self.config.k)
 
     # ---- validation -------------------------------------------------------------------
     def _check_request(self, input_ids: Any, max_new_tokens: int | None, max_length: int | None,
@@ -162,7 +209,7 @@ class Decoder:
         stats = GenerationStats()
         self.last_stats = stats
         t_start = time.perf_counter()
-        model, cfg = self.model, self.config
+        model = self.model
         device = input_ids.device
         prompt = input_ids[0].tolist()
 
@@ -180,10 +227,9 @@ class Decoder:
             drafter.begin(np.asarray(prompt + [first], dtype=np.int64))
             drafter.seed(seed_ids, seed_probs)
         past = len(prompt)
-        fkw = {self._cache_kw: cache, "use_cache": True}
         dtype = next(model.parameters()).dtype
         neg = torch.finfo(dtype).min
-        k = cfg.k
+        k = self.config.k
         phase = stats.phase_s
         while not done:
             t0 = time.perf_counter()
@@ -197,8 +243,7 @@ class Decoder:
             mask[0, 0, :, past:].masked_fill_(~tree_mask, neg)
             positions = self.adapter.tree_positions(past, depths)
             t2 = time.perf_counter()
-            logits = model(input_ids=tokens, attention_mask=mask, position_ids=positions, **fkw).logits[0]
-            packed = self._topk_packed(logits, k)
+            packed = self._forward_packed(cache, tokens, mask, positions)
             t3 = time.perf_counter()
             pred = packed[:, 0].astype(np.int64)
             ids = packed[:, 1:1 + k].astype(np.int64)
@@ -220,6 +265,15 @@ class Decoder:
             stats.steps += 1
             stats.accepted_lengths[len(path) - 1] += 1
             stats.tree_sizes.append(n)
+            if self.cost is not None:
+                selection = drafter.last_selection
+                if selection is not None:
+                    stats.offered_nodes += selection[0]
+                    stats.predicted_accepted += selection[2]
+                self.cost.observe(n, t3 - t2)
+                self._host_s += 0.05 * ((t2 - t0) + (time.perf_counter() - t3) - self._host_s)
+                if stats.steps % COST_PUSH_EVERY == 0:
+                    self._push_cost()
             t6 = time.perf_counter()
             phase["draft"] += t1 - t0
             phase["pack"] += t2 - t1
@@ -229,6 +283,9 @@ class Decoder:
             phase["other"] += t6 - t5
         if streamer is not None:
             streamer.end()
+        if self.cost is not None:
+            stats.cost = self.cost.as_dict()
+            stats.cost["host_ms"] = self._host_s * 1e3
         stats.new_tokens = len(out)
         stats.total_s = time.perf_counter() - t_start
         result = torch.tensor([prompt + out], dtype=input_ids.dtype, device=device)

@@ -22,6 +22,8 @@ class DrafterSpec:
     make: Factory
     #: Whether it keeps rows in a `PersistentMemory` (RECAP's U, Token Recycling's adjacency).
     uses_memory: bool
+    #: Whether ``budget="auto"`` sizes its trees to the hardware (RECAP and its ablations).
+    adapts_budget: bool = False
 
 
 def _recap(**changes) -> Factory:
@@ -39,13 +41,16 @@ def _sam_tr(vocab, config, memory, excluded):
 
 
 _SPECS = [
-    DrafterSpec("recap", "RECAP: fused G/C/U memories, best-first tree, suffix graft", _recap(), True),
-    DrafterSpec("recap_unigram", "RECAP ablation: U only (Token Recycling's key)", _recap(fusion="unigram"), True),
-    DrafterSpec("recap_backoff", "RECAP ablation: most specific row only", _recap(fusion="backoff"), True),
-    DrafterSpec("recap_uniform", "RECAP ablation: equal fusion weights", _recap(fusion="uniform"), True),
-    DrafterSpec("recap_prior", "RECAP ablation: priors without confidence", _recap(fusion="prior"), True),
-    DrafterSpec("recap_nosuffix", "RECAP ablation: no suffix graft", _recap(suffix_len=0), True),
-    DrafterSpec("recap_reset", "RECAP ablation: U reset per request", _recap(reset_memory=True), True),
+    DrafterSpec("recap", "RECAP: fused G/C/U memories, best-first tree, suffix graft", _recap(), True, True),
+    *[DrafterSpec(f"recap_{name}", f"RECAP ablation: {summary}", _recap(**change), True, True)
+      for name, summary, change in [
+          ("unigram", "U only (Token Recycling's key)", {"fusion": "unigram"}),
+          ("backoff", "most specific row only", {"fusion": "backoff"}),
+          ("uniform", "equal fusion weights", {"fusion": "uniform"}),
+          ("prior", "priors without confidence", {"fusion": "prior"}),
+          ("nosuffix", "no suffix graft", {"suffix_len": 0}),
+          ("reset", "U reset per request", {"reset_memory": True}),
+      ]],
     DrafterSpec("ar", "plain greedy decoding through the same loop",
                 lambda vocab, config, memory, excluded: Drafter.ar(vocab), False),
     DrafterSpec("pld", "prompt lookup, transformers' settings (n <= 2, 10 tokens)",

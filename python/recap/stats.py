@@ -19,6 +19,16 @@ class GenerationStats:
     tree_sizes: list[int] = field(default_factory=list)
     phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     total_s: float = 0.0
+    #: With budget="auto": nodes the drafter offered, the expected accepted nodes of what was
+    #: kept (to compare with the observed accepted nodes), and the cost curve in use.
+    offered_nodes: int = 0
+    predicted_accepted: float = 0.0
+    cost: dict | None = None
+
+    @property
+    def observed_accepted(self) -> int:
+        """Accepted draft nodes over all steps (bonus tokens not counted)."""
+        return sum(length * count for length, count in self.accepted_lengths.items())
 
     @property
     def tau(self) -> float:
@@ -50,4 +60,8 @@ class GenerationStats:
             "prefill_s": self.prefill_s,
             "total_s": self.total_s,
             "per_step_us": self.per_step_us(),
+            "offered_nodes": self.offered_nodes,
+            "predicted_accepted": self.predicted_accepted,
+            "observed_accepted": self.observed_accepted,
+            "cost": self.cost,
         }

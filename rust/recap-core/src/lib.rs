@@ -5,6 +5,7 @@
 //! `DraftSession::observe` (acceptance -> memory update -> suffix automaton append).
 
 pub mod accept;
+pub mod budget;
 pub mod drafter;
 pub mod error;
 pub mod fusion;

@@ -18,8 +18,11 @@ pub struct RecapConfig {
     pub search: SearchParams,
     pub priors: Priors,
     pub fusion: FusionMode,
-    /// Suffix continuation tokens grafted from the root (0 disables the graft).
+    /// Suffix continuation tokens grafted from the root (0 disables the graft); with
+    /// `suffix_adaptive`, the most such tokens.
     pub suffix_len: usize,
+    /// Chain length min(suffix_len, 1 + 4 * match length) instead of a fixed suffix_len.
+    pub suffix_adaptive: bool,
     /// Row capacity of each request-local table (C and G).
     pub context_capacity: usize,
     /// Also seed C and G (not only U) from the prompt.
@@ -36,6 +39,7 @@ impl Default for RecapConfig {
             priors: Priors::default(),
             fusion: FusionMode::default(),
             suffix_len: 4,
+            suffix_adaptive: false,
             context_capacity: 8192,
             seed_context: false,
             reset_unigram: false,
@@ -288,10 +292,20 @@ impl Drafter for RecapDrafter {
             self.search
                 .build(tree, &self.config.search, &self.excluded, &mut source);
         }
-        // Graft the suffix continuation as a chain from the root, reusing existing children.
-        let (cont, _) = self.automaton.continuation(self.config.suffix_len);
-        let max_depth = self.config.search.max_depth;
-        tree.graft_chain(cont, &self.excluded, max_depth, NodeSource::Suffix);
+        // Graft the suffix continuation as a chain from the root, reusing existing children;
+        // adaptive chains grow with the match (SAM-Decoding's 1 + 4 * match length).
+        let cap = self.config.suffix_len;
+        let len = match self.automaton.longest_match() {
+            Some(m) if self.config.suffix_adaptive => cap.min(1 + 4 * m.len),
+            _ => cap,
+        };
+        let (cont, match_len) = self.automaton.continuation(len);
+        let mut max_depth = self.config.search.max_depth;
+        if self.config.suffix_adaptive {
+            max_depth = max_depth.max(cap as u32); // adaptive chains may outgrow the search
+        }
+        let score = match_len as f32;
+        tree.graft_chain(cont, score, &self.excluded, max_depth, NodeSource::Suffix);
         tree.into_preorder();
     }
 

@@ -3,6 +3,7 @@
 //! begin -> (seed) -> loop { propose -> [verify outside] -> observe }.
 
 use crate::accept::{accept_path, Acceptance};
+use crate::budget::AutoBudget;
 use crate::drafter::{Drafter, TopKRows};
 use crate::error::{check_tokens, Error, Result};
 use crate::recap::check_vocab;
@@ -15,6 +16,9 @@ pub struct DraftSession {
     tree: DraftTree,
     awaiting_verification: bool,
     accept_scratch: Vec<bool>,
+    /// When set, each drafted tree is cut to the prefix the hardware pays for.
+    auto_budget: Option<AutoBudget>,
+    keep: Vec<bool>,
 }
 
 impl DraftSession {
@@ -27,7 +31,24 @@ impl DraftSession {
             tree: DraftTree::default(),
             awaiting_verification: false,
             accept_scratch: Vec::new(),
+            auto_budget: None,
+            keep: Vec::new(),
         })
+    }
+
+    /// Cuts every tree to the prefix maximising expected tokens per second under `cost`
+    /// (`cost[n - 1]`: a verification pass over n tokens); None verifies whole trees.
+    pub fn set_auto_budget(&mut self, cost: Option<Vec<f32>>) -> Result<()> {
+        match (cost, &mut self.auto_budget) {
+            (None, slot) => *slot = None,
+            (Some(c), Some(b)) => b.set_cost(c)?,
+            (Some(c), slot) => *slot = Some(AutoBudget::new(c)?),
+        }
+        Ok(())
+    }
+
+    pub fn auto_budget(&self) -> Option<&AutoBudget> {
+        self.auto_budget.as_ref()
     }
 
     pub fn drafter(&self) -> &dyn Drafter {
@@ -84,6 +105,10 @@ impl DraftSession {
             return Err(Error::InvalidState("propose called before begin".into()));
         }
         self.drafter.propose(&self.history, &mut self.tree);
+        if let Some(b) = &mut self.auto_budget {
+            b.select(&self.tree, &mut self.keep);
+            self.tree.retain(&self.keep);
+        }
         self.awaiting_verification = true;
         Ok(&self.tree)
     }
@@ -107,6 +132,9 @@ impl DraftSession {
         check_tokens("pred", pred, self.vocab_size)?;
         let acc = accept_path(&self.tree, pred, &mut self.accept_scratch);
         let committed = acc.committed_tokens(&self.tree);
+        if let Some(b) = &mut self.auto_budget {
+            b.learn(&self.tree, &acc.path);
+        }
         self.drafter.observe(&self.tree, rows, &committed);
         self.history.extend_from_slice(&committed);
         self.awaiting_verification = false;

@@ -14,7 +14,8 @@ pub enum NodeSource {
     Root = 0,
     /// A prediction memory (RECAP's tree search, Token Recycling's adjacency).
     Search = 1,
-    /// Copied from earlier text (suffix graft, prompt lookup, SAM, suffix tree).
+    /// Copied from earlier text (suffix graft, prompt lookup, SAM, suffix tree). Their score
+    /// is the match length that produced them (the suffix tree stores its probability).
     Suffix = 2,
 }
 
@@ -86,10 +87,12 @@ impl DraftTree {
     }
 
     /// Appends `tokens` as a chain below the root, reusing existing children, and stops at
-    /// the first excluded token or at `max_depth`. Returns the number of tokens placed.
+    /// the first excluded token or at `max_depth`. New nodes get `score` (copied-text
+    /// drafters store the match length there). Returns the number of tokens placed.
     pub fn graft_chain(
         &mut self,
         tokens: &[u32],
+        score: f32,
         excluded: &TokenSet,
         max_depth: u32,
         source: NodeSource,
@@ -101,7 +104,7 @@ impl DraftTree {
             }
             node = match self.child_with_token(node, tok) {
                 Some(existing) => existing,
-                None => self.push(node, tok, 0.0, source),
+                None => self.push(node, tok, score, source),
             };
         }
         tokens.len()
@@ -182,6 +185,42 @@ impl DraftTree {
         self.sources = order.iter().map(|&o| self.sources[o]).collect();
     }
 
+    /// Keeps the nodes marked in `keep` (the root and every kept node's parent must be
+    /// kept), in their order; a subset of a preorder closed under parents stays a preorder.
+    pub fn retain(&mut self, keep: &[bool]) {
+        let n = self.len();
+        assert_eq!(keep.len(), n, "one flag per node");
+        let remap = &mut self.scratch_stack;
+        remap.clear();
+        remap.resize(n, u32::MAX);
+        let mut w = 0usize;
+        for i in 0..n {
+            if !keep[i] {
+                continue;
+            }
+            remap[i] = w as u32;
+            let parent = match self.parents[i] {
+                -1 => -1,
+                p => {
+                    let q = remap[p as usize];
+                    assert!(q != u32::MAX, "node {i} kept without its parent {p}");
+                    q as i32
+                }
+            };
+            self.tokens[w] = self.tokens[i];
+            self.parents[w] = parent;
+            self.depths[w] = self.depths[i];
+            self.scores[w] = self.scores[i];
+            self.sources[w] = self.sources[i];
+            w += 1;
+        }
+        self.tokens.truncate(w);
+        self.parents.truncate(w);
+        self.depths.truncate(w);
+        self.scores.truncate(w);
+        self.sources.truncate(w);
+    }
+
     /// Writes the T x T ancestor-or-self mask (row i: the nodes node i may attend to) into
     /// `out` (row-major, length T*T). Parents must precede children.
     pub fn write_ancestor_mask(&self, out: &mut [bool]) {
@@ -253,6 +292,30 @@ mod tests {
             for i in 0..n {
                 for j in 0..n {
                     prop_assert_eq!(m[i * n + j], naive_ancestor(&t, i, j));
+                }
+            }
+        }
+
+        #[test]
+        fn retain_keeps_a_parent_closed_subset_in_order(t in arb_tree(), seed in any::<u64>()) {
+            let mut p = t.clone();
+            p.into_preorder();
+            let n = p.len();
+            let mut keep = vec![false; n];
+            keep[0] = true;
+            for i in 1..n {
+                let coin = (seed.rotate_left(i as u32 % 64) ^ i as u64) & 1 == 1;
+                keep[i] = coin && keep[p.parents[i] as usize];
+            }
+            let mut r = p.clone();
+            r.retain(&keep);
+            let kept: Vec<usize> = (0..n).filter(|&i| keep[i]).collect();
+            prop_assert_eq!(r.len(), kept.len());
+            for (new, &old) in kept.iter().enumerate() {
+                prop_assert_eq!(r.tokens[new], p.tokens[old]);
+                prop_assert_eq!(r.depths[new], p.depths[old]);
+                if new > 0 {
+                    prop_assert_eq!(kept[r.parents[new] as usize], p.parents[old] as usize);
                 }
             }
         }

@@ -5,11 +5,11 @@ use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use recap_core::memory::UnigramTable;
-use recap_core::search::DEFAULT_ETA;
 use recap_core::peers::{
-    Autoregressive, PromptLookup, SamDrafter, SuffixTreeConfig, SuffixTreeDrafter,
-    TokenRecycling, TR_LEVELS,
+    Autoregressive, PromptLookup, SamDrafter, SuffixTreeConfig, SuffixTreeDrafter, TokenRecycling,
+    TR_LEVELS,
 };
+use recap_core::search::DEFAULT_ETA;
 use recap_core::token_set::TokenSet;
 use recap_core::{
     DraftSession, FusionMode, Priors, RecapConfig, RecapDrafter, SearchParams, SharedMemory,
@@ -215,7 +215,7 @@ impl Drafter {
     #[staticmethod]
     #[pyo3(signature = (vocab_size, *, k = 8, budget = 63, max_depth = 10, eta = None,
         priors = (0.70, 0.20, 0.10), fusion = "prior_confidence", suffix_len = 4,
-        context_capacity = 8192, seed_context = false, reset_memory = false,
+        suffix_adaptive = false, context_capacity = 8192, seed_context = false, reset_memory = false,
         excluded = None, memory = None))]
     #[allow(clippy::too_many_arguments)]
     fn recap(
@@ -228,6 +228,7 @@ impl Drafter {
         priors: (f32, f32, f32),
         fusion: &str,
         suffix_len: i64,
+        suffix_adaptive: bool,
         context_capacity: i64,
         seed_context: bool,
         reset_memory: bool,
@@ -245,6 +246,7 @@ impl Drafter {
             priors: parse_priors(priors),
             fusion: FusionMode::parse(fusion).map_err(to_py)?,
             suffix_len: nonneg("suffix_len", suffix_len)?,
+            suffix_adaptive,
             context_capacity: nonneg("context_capacity", context_capacity)?,
             seed_context,
             reset_unigram: reset_memory,
@@ -366,6 +368,34 @@ impl Drafter {
         Self::from_core(Box::new(d), vocab_size, None)
     }
 
+    /// Hardware-aware tree size: with `cost` (cost[n-1] = seconds of a verification pass
+    /// over n tokens), every tree is cut to the prefix with the most expected committed
+    /// tokens per second; None verifies whole trees.
+    #[pyo3(signature = (cost))]
+    fn set_cost(&mut self, cost: Option<Vec<f32>>) -> PyResult<()> {
+        self.session.set_auto_budget(cost).map_err(to_py)
+    }
+
+    /// (offered nodes, kept nodes, expected accepted nodes) of the last tree cut by the
+    /// hardware-aware budget, or None when it is off.
+    #[getter]
+    fn last_selection(&self) -> Option<(usize, usize, f32)> {
+        self.session.auto_budget().map(|b| {
+            let s = b.last();
+            (s.offered, s.kept, s.expected)
+        })
+    }
+
+    /// Acceptance calibration of the hardware-aware budget: (kind, bucket, prior, observed
+    /// nodes, calibrated probability) per bucket seen so far. "score" buckets are path
+    /// scores 2^(-bucket/4); "chain" buckets are depth * 4 + match-length class.
+    fn calibration(&self) -> Vec<(&'static str, u32, f32, f32, f32)> {
+        self.session
+            .auto_budget()
+            .map(|b| b.calibration())
+            .unwrap_or_default()
+    }
+
     /// The most nodes one tree can hold, root not counted.
     #[getter]
     fn max_nodes(&self) -> usize {
@@ -485,8 +515,8 @@ impl Drafter {
         };
         let memory = memory_or_new(py, memory, vocab_size, k)?;
         let excluded = excluded_set(vocab_size, excluded)?;
-        let tr = TokenRecycling::new(memory.get().inner.clone(), &levels, excluded)
-            .map_err(to_py)?;
+        let tr =
+            TokenRecycling::new(memory.get().inner.clone(), &levels, excluded).map_err(to_py)?;
         Ok((tr, memory))
     }
 }

@@ -101,7 +101,7 @@ impl Drafter for PromptLookup {
     fn propose(&mut self, history: &[u32], tree: &mut DraftTree) {
         tree.start(history);
         let draft = self.lookup(history);
-        tree.graft_chain(draft, &self.excluded, u32::MAX, NodeSource::Suffix);
+        tree.graft_chain(draft, 0.0, &self.excluded, u32::MAX, NodeSource::Suffix);
         tree.into_preorder();
     }
     fn max_nodes(&self) -> usize {

@@ -71,7 +71,8 @@ impl Drafter for SamDrafter {
             Some((tr, threshold)) if match_len < *threshold => tr.fill(tree),
             _ => {
                 let (chain, _) = self.automaton.continuation(self.chain_len(match_len));
-                tree.graft_chain(chain, &self.excluded, u32::MAX, NodeSource::Suffix);
+                let score = match_len as f32;
+                tree.graft_chain(chain, score, &self.excluded, u32::MAX, NodeSource::Suffix);
             }
         }
         tree.into_preorder();

@@ -1,0 +1,106 @@
+"""The verification cost curve c(n) behind ``budget="auto"``.
+
+c(n) is the time of one verification pass over n tree tokens (root included), top-k and the
+device-to-host copy included, exactly as a decoding step runs it. It is measured once per
+model, device, dtype and thread count (a few dozen forward passes, cached for the process),
+and refined online from the timings of real steps, since the true cost also grows with the
+context length. The Rust side turns c(n) and its calibrated acceptance probabilities into
+the tree size of each step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+CALIBRATION_PAST = 128  # context tokens in the cache while measuring
+EMA = 0.1
+
+
+@dataclass
+class CostModel:
+    """Measured pass times at `points` tokens, with online correction factors per point."""
+
+    points: list[int]
+    seconds: list[float]
+    ratio: list[float] = field(default_factory=list)
+    observed_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.ratio:
+            self.ratio = [1.0] * len(self.points)
+
+    def curve(self, max_tokens: int) -> list[float]:
+        """c(1), ..., c(max_tokens) in seconds, interpolated (extrapolated past the last point)."""
+        xs = np.asarray(self.points, dtype=np.float64)
+        ys = np.asarray(self.seconds, dtype=np.float64) * np.asarray(self.ratio)
+        n = np.arange(1, max_tokens + 1, dtype=np.float64)
+        out = np.interp(n, xs, ys)
+        if len(xs) >= 2:
+            slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+            beyond = n > xs[-1]
+            out[beyond] = ys[-1] + slope * (n[beyond] - xs[-1])
+        return out.tolist()
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """Moves the correction factor of the nearest measured point toward an observed pass."""
+        i = int(np.argmin([abs(p - tokens) for p in self.points]))
+        base = float(np.interp(tokens, self.points, self.seconds))
+        if base > 0:
+            self.ratio[i] += EMA * (seconds / base - self.ratio[i])
+        self.observed_steps += 1
+
+    def as_dict(self) -> dict:
+        return {"points": list(self.points), "ms": [s * 1e3 for s in self.seconds],
+                "online_ratio": list(self.ratio), "observed_steps": self.observed_steps}
+
+
+_CACHE: dict[tuple, CostModel] = {}
+
+
+def _key(model: torch.nn.Module) -> tuple:
+    p = next(model.parameters())
+    return (id(model), str(p.device), str(p.dtype), torch.get_num_threads())
+
+
+def cost_model(model: torch.nn.Module, verify, max_tokens: int, *, refresh: bool = False,
+               reps: int = 3) -> CostModel:
+    """The cached cost model of `model` (measured now if missing, or if `refresh`).
+
+    `verify(cache, past, tokens)` runs one verification pass of a [1, n] chain of tokens the
+    way the decoder does; `new_cache()` comes with it as `verify.new_cache`."""
+    key = _key(model)
+    found = _CACHE.get(key)
+    if found is not None and not refresh and found.points[-1] >= min(max_tokens, POINTS[-1]):
+        return found
+    points = [p for p in POINTS if p < max_tokens] + [max_tokens]
+    points = sorted(set(points))
+    seconds = _measure(model, verify, points, reps)
+    _CACHE[key] = CostModel(points, seconds)
+    return _CACHE[key]
+
+
+@torch.no_grad()
+def _measure(model, verify, points: list[int], reps: int) -> list[float]:
+    device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randint(3, max(vocab - 1, 4), (1, CALIBRATION_PAST), generator=gen).to(device)
+    cache = verify.new_cache()
+    model(input_ids=context, **{verify.cache_kw: cache}, use_cache=True, logits_to_keep=1)
+    out = []
+    for n in points:
+        tokens = torch.randint(3, max(vocab - 1, 4), (1, n), generator=gen).to(device)
+        times = []
+        for _ in range(reps + 1):  # the first pass of each size warms up
+            t = time.perf_counter()
+            verify(cache, CALIBRATION_PAST, tokens)
+            times.append(time.perf_counter() - t)
+            cache.crop(-n)
+        out.append(float(np.median(times[1:])))
+    # Noise must not make a bigger pass look cheaper than a smaller one.
+    return np.maximum.accumulate(out).tolist()

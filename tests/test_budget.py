@@ -1,0 +1,88 @@
+"""budget="auto": the cost curve, the cut of each tree, and greedy equivalence."""
+
+import numpy as np
+import pytest
+import recap
+import torch
+from recap import RecapConfig
+from recap.budget import CostModel
+from tiny_models import text_model
+
+V = 50
+
+
+def warm_drafter(cost):
+    """A RECAP drafter with a repetitive history, so its first tree is a long suffix chain."""
+    d = RecapConfig(budget="auto", max_budget=32).new_drafter(V)
+    if cost is not None:
+        d.set_cost(cost)
+    d.begin(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], dtype=np.int64))
+    return d
+
+
+def test_cost_curve_interpolates_extrapolates_and_learns_online():
+    m = CostModel([1, 4, 8], [0.010, 0.016, 0.024])
+    c = m.curve(10)
+    assert c[0] == pytest.approx(0.010) and c[3] == pytest.approx(0.016)
+    assert c[1] == pytest.approx(0.012)  # between 1 and 4 tokens
+    assert c[9] == pytest.approx(0.024 + 2 * 0.002)  # the last slope continues
+    for _ in range(200):
+        m.observe(8, 0.048)  # real passes at 8 tokens take twice the measurement
+    assert m.curve(8)[7] == pytest.approx(0.048, rel=1e-3)
+    assert m.as_dict()["observed_steps"] == 200
+
+
+def test_cheap_passes_verify_the_whole_tree_and_dear_passes_cut_it():
+    flat = warm_drafter([1.0] * 64)
+    whole = warm_drafter(None)
+    assert len(flat.propose()) == len(whole.propose()) > 8
+    offered, kept, expected = flat.last_selection
+    assert kept == offered and expected > 0
+    dear = warm_drafter([float(n) for n in range(1, 65)])  # every token costs a full pass
+    tree = dear.propose()
+    assert len(tree) <= 3
+    assert whole.last_selection is None  # off unless a cost curve is set
+
+
+def test_observed_rejections_shrink_later_trees():
+    d = warm_drafter([1.0 + 0.05 * n for n in range(64)])
+    first = len(d.propose())
+    for _ in range(40):  # the target never agrees with a draft: only the bonus is committed
+        t = d.propose()
+        pred = np.full(len(t), V - 1, dtype=np.int64)
+        ids = np.tile(np.arange(V - 8, V, dtype=np.int64)[::-1], (len(t), 1))
+        d.observe(pred, ids, np.full((len(t), 8), 0.1, dtype=np.float32))
+    sizes = [len(d.propose()) for _ in range(1)]
+    assert sizes[0] < first
+    assert any(row[3] > 0 for row in d.calibration())
+
+
+@pytest.mark.parametrize("cost, fragment", [([], "non-empty"), ([0.1, float("nan")], "finite"),
+                                            ([0.0], "> 0")])
+def test_bad_cost_curves_are_rejected(cost, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        warm_drafter(cost)
+
+
+def test_bad_budget_settings_are_rejected():
+    with pytest.raises(ValueError, match='budget: expected an int or "auto"'):
+        RecapConfig(budget="fast")
+    with pytest.raises(ValueError, match="max_budget"):
+        RecapConfig(max_budget=-1)
+
+
+def test_auto_decoder_calibrates_once_reports_and_equals_greedy():
+    model = text_model("Qwen2")
+    dec = recap.Decoder(model)  # budget="auto" is the default
+    assert dec.cost is not None and dec.cost.points[-1] == dec._drafter.max_nodes + 1
+    again = recap.Decoder(model)
+    assert again.cost is dec.cost  # cached per model, device, dtype and threads
+    ids = torch.tensor([[7, 8, 9, 10, 7, 8, 9, 10, 7, 8]])
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=30,
+                          eos_token_id=None, pad_token_id=0)
+    assert dec.generate(ids, max_new_tokens=30, eos_token_id=None).tolist() == want.tolist()
+    s = dec.last_stats.as_dict()
+    assert s["cost"]["observed_steps"] >= dec.last_stats.steps
+    assert s["offered_nodes"] >= sum(dec.last_stats.tree_sizes) - dec.last_stats.steps
+    assert s["predicted_accepted"] >= 0.0
+    assert recap.Decoder(model, RecapConfig(budget=8)).cost is None  # a fixed budget: no calibration
