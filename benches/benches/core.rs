@@ -111,5 +111,91 @@ fn bench_automaton(c: &mut Criterion) {
     let _ = VOCAB;
 }
 
-criterion_group!(benches, bench_steps, bench_lookup, bench_automaton);
+/// Every drafter behind the same session on the same synthetic target: host time of one
+/// full step (propose + pack + accept + update), warmed like `warmed()`.
+fn bench_peers(c: &mut Criterion) {
+    use recap_core::peers::{
+        Autoregressive, PromptLookup, SamDrafter, SuffixTreeConfig, SuffixTreeDrafter,
+        TokenRecycling, TR_LEVELS,
+    };
+    use recap_core::token_set::TokenSet;
+    let none = || TokenSet::new(VOCAB);
+    let mem = || SharedMemory::new(VOCAB, 8, SharedMemory::DEFAULT_CAPACITY).unwrap();
+    type Make = Box<dyn Fn(SharedMemory) -> Box<dyn recap_core::Drafter>>;
+    let makers: Vec<(&str, Make)> = vec![
+        ("ar", Box::new(|_| Box::new(Autoregressive))),
+        (
+            "pld",
+            Box::new(move |_| Box::new(PromptLookup::new(2, 10, none()).unwrap())),
+        ),
+        (
+            "tr (80-node template)",
+            Box::new(move |m| Box::new(TokenRecycling::new(m, &TR_LEVELS, none()).unwrap())),
+        ),
+        (
+            "sam",
+            Box::new(move |_| Box::new(SamDrafter::new(60, none(), None).unwrap())),
+        ),
+        (
+            "sam_tr",
+            Box::new(move |m| {
+                let tr = TokenRecycling::new(m, &TR_LEVELS, none()).unwrap();
+                Box::new(SamDrafter::new(60, none(), Some((tr, 5))).unwrap())
+            }),
+        ),
+        (
+            "suffix",
+            Box::new(move |_| {
+                Box::new(SuffixTreeDrafter::new(SuffixTreeConfig::default(), none()).unwrap())
+            }),
+        ),
+        (
+            "recap (63 + 4)",
+            Box::new(|m| Box::new(RecapDrafter::new(RecapConfig::default(), m, &[]).unwrap())),
+        ),
+    ];
+    let mut g = c.benchmark_group("peers: full host step");
+    let mut mask = Vec::new();
+    for (name, make) in makers.iter().chain(std::iter::once(&(
+        "recap auto budget (63 + 16 adaptive, cut by cost)",
+        Box::new(|m| {
+            let cfg = RecapConfig {
+                suffix_len: 16,
+                suffix_adaptive: true,
+                ..Default::default()
+            };
+            Box::new(RecapDrafter::new(cfg, m, &[]).unwrap()) as Box<dyn recap_core::Drafter>
+        }) as Make,
+    ))) {
+        let m = mem();
+        let mut sim = Simulator::with_drafter(make(m.clone()), m, 42);
+        if name.starts_with("recap auto") {
+            // A CPU-like curve: a pass over n tokens costs 35 ms + 1.5 ms per token.
+            let cost = (1..=96).map(|n| 0.035 + 0.0015 * n as f32).collect();
+            sim.session.set_auto_budget(Some(cost)).unwrap();
+        }
+        while sim.updates < 20_000 {
+            sim.run_request(200, 200);
+        }
+        sim.begin_request(200);
+        g.bench_function(*name, |b| {
+            b.iter(|| {
+                let t = sim.session.propose().unwrap();
+                mask.resize(t.len() * t.len(), false);
+                t.write_ancestor_mask(&mut mask);
+                sim.verify_current_tree();
+                black_box(sim.observe())
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_steps,
+    bench_lookup,
+    bench_automaton,
+    bench_peers
+);
 criterion_main!(benches);

@@ -1,7 +1,7 @@
 //! A synthetic target model and request simulator that warm RECAP's state the way real
 //! decoding does (every evaluated node writes its row), for benchmarks and state-size figures.
 
-use recap_core::{DraftSession, RecapConfig, RecapDrafter, SharedMemory, TopKRows};
+use recap_core::{DraftSession, Drafter, RecapConfig, RecapDrafter, SharedMemory, TopKRows};
 
 /// Qwen2.5-VL's vocabulary size.
 pub const VOCAB: usize = 151_936;
@@ -74,8 +74,13 @@ impl Simulator {
     pub fn new(config: RecapConfig, seed: u64) -> Self {
         let memory = SharedMemory::new(VOCAB, config.k, SharedMemory::DEFAULT_CAPACITY).unwrap();
         let drafter = RecapDrafter::new(config, memory.clone(), &[]).unwrap();
+        Self::with_drafter(Box::new(drafter), memory, seed)
+    }
+
+    /// Any drafter; `memory` is the shared row table it uses (or an unused one).
+    pub fn with_drafter(drafter: Box<dyn Drafter>, memory: SharedMemory, seed: u64) -> Self {
         Simulator {
-            session: DraftSession::new(Box::new(drafter), VOCAB).unwrap(),
+            session: DraftSession::new(drafter, VOCAB).unwrap(),
             memory,
             pred: Vec::new(),
             ids: Vec::new(),
