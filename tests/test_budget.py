@@ -86,3 +86,19 @@ def test_auto_decoder_calibrates_once_reports_and_equals_greedy():
     assert s["offered_nodes"] >= sum(dec.last_stats.tree_sizes) - dec.last_stats.steps
     assert s["predicted_accepted"] >= 0.0
     assert recap.Decoder(model, RecapConfig(budget=8)).cost is None  # a fixed budget: no calibration
+
+
+def test_a_noisy_point_does_not_flatten_the_curve():
+    m = CostModel([1, 2, 4, 8], [0.010, 0.030, 0.014, 0.018])  # the 2-token pass hit noise
+    c = m.curve(8)
+    assert all(b >= a for a, b in zip(c, c[1:], strict=False))
+    assert c[7] == pytest.approx(0.018)  # the points after the outlier keep their values
+
+
+def test_unobserved_points_follow_the_global_drift():
+    m = CostModel([1, 8, 64], [0.010, 0.020, 0.040])
+    for _ in range(100):
+        m.observe(1, 0.020)  # a longer context: single-token passes now cost twice as much
+    c = m.curve(64)
+    assert c[0] == pytest.approx(0.020, rel=1e-3)
+    assert c[63] == pytest.approx(0.080, rel=1e-3)  # never observed, scaled by the global ratio

@@ -21,23 +21,33 @@ CALIBRATION_PAST = 128  # context tokens in the cache while measuring
 EMA = 0.1
 
 
+MIN_OBSERVATIONS = 3  # passes near a point before its own correction replaces the global one
+
+
 @dataclass
 class CostModel:
-    """Measured pass times at `points` tokens, with online correction factors per point."""
+    """Measured pass times at `points` tokens, with online correction factors: one per point
+    once real passes of about that size were seen, a global one for the other points (the
+    cost drifts with the context length for every size alike)."""
 
     points: list[int]
     seconds: list[float]
     ratio: list[float] = field(default_factory=list)
+    seen: list[int] = field(default_factory=list)
+    global_ratio: float = 1.0
     observed_steps: int = 0
 
     def __post_init__(self) -> None:
         if not self.ratio:
             self.ratio = [1.0] * len(self.points)
+        if not self.seen:
+            self.seen = [0] * len(self.points)
 
     def curve(self, max_tokens: int) -> list[float]:
         """c(1), ..., c(max_tokens) in seconds, interpolated (extrapolated past the last point)."""
         xs = np.asarray(self.points, dtype=np.float64)
-        ys = np.asarray(self.seconds, dtype=np.float64) * np.asarray(self.ratio)
+        ratio = [r if k >= MIN_OBSERVATIONS else self.global_ratio for r, k in zip(self.ratio, self.seen, strict=True)]
+        ys = _monotone(np.asarray(self.seconds, dtype=np.float64) * np.asarray(ratio))
         n = np.arange(1, max_tokens + 1, dtype=np.float64)
         out = np.interp(n, xs, ys)
         if len(xs) >= 2:
@@ -51,12 +61,25 @@ class CostModel:
         i = int(np.argmin([abs(p - tokens) for p in self.points]))
         base = float(np.interp(tokens, self.points, self.seconds))
         if base > 0:
-            self.ratio[i] += EMA * (seconds / base - self.ratio[i])
+            r = seconds / base
+            if self.seen[i] == 0:
+                self.ratio[i] = self.global_ratio
+            self.ratio[i] += EMA * (r - self.ratio[i])
+            self.global_ratio += EMA * (r - self.global_ratio)
+            self.seen[i] += 1
         self.observed_steps += 1
 
     def as_dict(self) -> dict:
         return {"points": list(self.points), "ms": [s * 1e3 for s in self.seconds],
-                "online_ratio": list(self.ratio), "observed_steps": self.observed_steps}
+                "online_ratio": list(self.ratio), "global_ratio": self.global_ratio,
+                "observed_steps": self.observed_steps}
+
+
+def _monotone(y: np.ndarray) -> np.ndarray:
+    """Non-decreasing in n: each value becomes the least of itself and every larger pass.
+    Timing noise only ever adds time, so an outlier is pulled down to what a bigger pass
+    took, and the points after it keep their values."""
+    return np.minimum.accumulate(np.asarray(y, dtype=np.float64)[::-1])[::-1]
 
 
 _CACHE: dict[tuple, CostModel] = {}
@@ -102,5 +125,4 @@ def _measure(model, verify, points: list[int], reps: int) -> list[float]:
             times.append(time.perf_counter() - t)
             cache.crop(-n)
         out.append(float(np.median(times[1:])))
-    # Noise must not make a bigger pass look cheaper than a smaller one.
-    return np.maximum.accumulate(out).tolist()
+    return _monotone(np.asarray(out)).tolist()
