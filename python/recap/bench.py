@@ -71,6 +71,9 @@ class Run:
     total_s: float
     prefill_s: float
     tree_nodes: int
+    #: budget="auto" only: expected vs observed accepted draft nodes over the call.
+    predicted_accepted: float = 0.0
+    observed_accepted: int = 0
     phase_s: dict[str, float] = field(default_factory=dict)
     output: list[int] = field(default_factory=list)
     equal: bool | None = None
@@ -115,7 +118,8 @@ class Bench:
             total = time.perf_counter() - t
             s = dec.last_stats
             info = dict(steps=s.steps, prefill_s=s.prefill_s, tree_nodes=sum(s.tree_sizes),
-                        phase_s=dict(s.phase_s), total_s=total)
+                        phase_s=dict(s.phase_s), total_s=total, predicted_accepted=s.predicted_accepted,
+                        observed_accepted=s.observed_accepted)
         else:
             counter = _ForwardCounter(self.model)
             try:
@@ -186,6 +190,8 @@ class Bench:
                     "host_us": sum(v for p, v in phases.items() if p != "forward") * 1e6,
                     **{f"{p}_us": v * 1e6 for p, v in phases.items() if p != "forward"},
                     "forward_ms": phases["forward"] * 1e3,
+                    "predicted_accepted": sum(r.predicted_accepted for r in mine) / max(steps, 1),
+                    "observed_accepted": sum(r.observed_accepted for r in mine) / max(steps, 1),
                     "mismatches": len({r.prompt for r in mine if r.equal is False}),
                     "prompts": len({r.prompt for r in mine}),
                 }
