@@ -102,3 +102,16 @@ def test_unobserved_points_follow_the_global_drift():
     c = m.curve(64)
     assert c[0] == pytest.approx(0.020, rel=1e-3)
     assert c[63] == pytest.approx(0.080, rel=1e-3)  # never observed, scaled by the global ratio
+
+
+def test_suffix_chain_adapts_only_with_the_automatic_budget():
+    assert RecapConfig().adaptive_suffix and RecapConfig().suffix_tokens == 16
+    assert not RecapConfig(budget=16).adaptive_suffix and RecapConfig(budget=16).suffix_tokens == 4
+    assert RecapConfig(budget=16, suffix_len=7).suffix_tokens == 7
+    history = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5], dtype=np.int64)
+    chains = {}
+    for budget in ("auto", 0):
+        d = RecapConfig(budget=budget, max_budget=0).new_drafter(V)
+        d.begin(history)
+        chains[budget] = len(d.propose()) - 1
+    assert chains[0] == 4 and chains["auto"] == 10  # match of 5: all of 6..10, 1..5 (< 16)

@@ -11,6 +11,8 @@ DEFAULT_ETA = (0.68, 0.63, 0.50, 0.43, 0.40, 0.38)
 AUTO = "auto"
 #: Longest suffix chain with ``suffix_len="auto"`` (min(16, 1 + 4 * match length)).
 AUTO_SUFFIX_CAP = 16
+#: Suffix chain length with ``suffix_len="auto"`` and a fixed budget (the method's setting).
+FIXED_BUDGET_SUFFIX = 4
 
 
 @dataclass(frozen=True)
@@ -21,8 +23,10 @@ class RecapConfig:
       up to ``max_budget`` nodes and verifies the prefix with the most expected committed
       tokens per second on this model and hardware (see `recap.budget`); an int verifies
       exactly that many (the method's published setting is 63).
-    - ``suffix_len``: suffix continuation tokens grafted from the root. ``"auto"`` (default)
-      follows the match length, min(16, 1 + 4 * match length); an int is fixed (method: 4).
+    - ``suffix_len``: suffix continuation tokens grafted from the root. ``"auto"`` (default):
+      with ``budget="auto"`` the chain follows the match length, min(16, 1 + 4 * match
+      length), and the budget logic weighs its nodes by their own observed acceptance; with a
+      fixed budget it is the method's 4. An int is always that many.
     """
 
     k: int = 8
@@ -69,6 +73,17 @@ class RecapConfig:
         return self.budget == AUTO
 
     @property
+    def adaptive_suffix(self) -> bool:
+        return self.suffix_len == AUTO and self.auto_budget
+
+    @property
+    def suffix_tokens(self) -> int:
+        """Suffix chain length (the cap, when adaptive)."""
+        if self.suffix_len != AUTO:
+            return int(self.suffix_len)
+        return AUTO_SUFFIX_CAP if self.auto_budget else FIXED_BUDGET_SUFFIX
+
+    @property
     def tree_budget(self) -> int:
         """Nodes the tree search builds: `budget`, or `max_budget` when the budget is automatic."""
         return self.max_budget if self.budget == AUTO else int(self.budget)
@@ -87,8 +102,8 @@ class RecapConfig:
             eta=list(self.eta),
             priors=tuple(self.priors),
             fusion=self.fusion,
-            suffix_len=AUTO_SUFFIX_CAP if self.suffix_len == AUTO else self.suffix_len,
-            suffix_adaptive=self.suffix_len == AUTO,
+            suffix_len=self.suffix_tokens,
+            suffix_adaptive=self.adaptive_suffix,
             context_capacity=self.context_capacity,
             seed_context=self.seed_context,
             reset_memory=self.reset_memory,
