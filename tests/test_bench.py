@@ -6,10 +6,10 @@ import pytest
 import torch
 from recap.bench import Bench, Entry
 from recap.prompts import Prompt, load_prompts
-from tiny_models import text_model
+from tiny_models import llava_inputs, text_model
 
 
-def encode(messages):
+def encode(messages, image=None):
     """A toy chat encoding: characters of every turn, mapped into the tiny vocabulary."""
     text = "|".join(m["content"] for m in messages)
     return torch.tensor([[3 + ord(c) % 90 for c in text]])
@@ -68,3 +68,18 @@ def test_shipped_prompts_keep_images_for_vision_models_only():
     vqa = [p for p in with_images if p.set == "easy_vqa"]
     assert len(vqa) == 6 and all(p.image.exists() for p in vqa)
     assert any(len(p.turns) == 2 for p in text_only)  # MT-bench keeps both turns
+
+
+def test_image_prompts_reach_a_vision_language_model_with_their_pixels():
+    model, _ = llava_inputs([], [])
+
+    def encode_vlm(messages, image):
+        assert image is not None
+        text = [3 + ord(c) % 90 for c in "|".join(m["content"] for m in messages)][:12]
+        return llava_inputs([5], text, image="skimage_coins.png")[1]
+
+    prompts = [Prompt("vqa", "vqa/1", ("what shape is it?",), image="coins.png")]
+    b = Bench(model, encode_vlm, [Entry.parse("recap"), Entry.parse("tr")], max_new_tokens=10)
+    b.run(prompts, progress=False)
+    assert all(r.equal for r in b.runs) and len(b.runs) == 3
+    assert all(r.prompt_tokens == 1 + 16 + 12 for r in b.runs)  # the image placeholders were sent

@@ -32,7 +32,9 @@ from recap.stats import PHASES
 
 ANCHOR = "hf_pld"
 DEFAULT_DRAFTERS = ("ar", "recap", "recap_nosuffix", "tr", "tr_bf", "pld", "sam", "sam_tr", "suffix")
-Encode = Callable[[list[dict]], torch.Tensor]
+#: encode(messages, image path or None) -> input ids [1, L], or a dict of model inputs
+#: (input_ids plus pixel_values and the like, as a processor returns them).
+Encode = Callable[[list[dict], Any], Any]
 Decode = Callable[[list[int]], str]
 
 
@@ -109,12 +111,15 @@ class Bench:
                 self.decoders[e.label] = Decoder(model, RecapConfig(budget=b), drafter=e.name)
         self.runs: list[Run] = []
 
-    def _generate(self, label: str, ids: torch.Tensor, max_new: int) -> tuple[list[int], dict]:
-        attn = torch.ones_like(ids)
+    def _generate(self, label: str, inputs: Any, max_new: int) -> tuple[list[int], dict]:
+        inputs = dict(inputs) if not isinstance(inputs, torch.Tensor) else {"input_ids": inputs}
+        ids = inputs.pop("input_ids")
+        attn = inputs.pop("attention_mask", None)
+        attn = torch.ones_like(ids) if attn is None else attn
         if label in self.decoders:
             dec = self.decoders[label]
             t = time.perf_counter()
-            out = dec.generate(ids, attention_mask=attn, max_new_tokens=max_new, eos_token_id=self.eos)
+            out = dec.generate(ids, attention_mask=attn, max_new_tokens=max_new, eos_token_id=self.eos, **inputs)
             total = time.perf_counter() - t
             s = dec.last_stats
             info = dict(steps=s.steps, prefill_s=s.prefill_s, tree_nodes=sum(s.tree_sizes),
@@ -125,17 +130,17 @@ class Bench:
             try:
                 t = time.perf_counter()
                 out = self.model.generate(ids, attention_mask=attn, do_sample=False, max_new_tokens=max_new,
-                                          eos_token_id=self.eos, prompt_lookup_num_tokens=10)
+                                          eos_token_id=self.eos, prompt_lookup_num_tokens=10, **inputs)
                 total = time.perf_counter() - t
             finally:
                 counter.close()
             info = dict(steps=max(counter.calls - 1, 0), prefill_s=0.0, tree_nodes=0, phase_s={}, total_s=total)
         return out[0, ids.shape[1]:].tolist(), info
 
-    def warm_up(self, tokens: int = 8) -> None:
-        ids = self.encode([{"role": "user", "content": "Say hello."}])
+    def warm_up(self, tokens: int = 8, image: Any = None) -> None:
+        inputs = self.encode([{"role": "user", "content": "Say hello."}], image)
         for e in self.entries:
-            self._generate(e.label, ids, tokens)
+            self._generate(e.label, inputs, tokens)
 
     def run_prompt(self, index: int, prompt: Prompt) -> None:
         labels = [e.label for e in self.entries]
@@ -144,8 +149,9 @@ class Bench:
             messages: list[dict] = []
             for turn, text in enumerate(prompt.turns):
                 messages.append({"role": "user", "content": text})
-                ids = self.encode(messages)
-                output, info = self._generate(label, ids, self.max_new_tokens)
+                inputs = self.encode(messages, prompt.image)
+                ids = inputs if isinstance(inputs, torch.Tensor) else inputs["input_ids"]
+                output, info = self._generate(label, inputs, self.max_new_tokens)
                 self.runs.append(Run(label=label, set=prompt.set, prompt=prompt.id, turn=turn,
                                      prompt_tokens=ids.shape[1], new_tokens=len(output), output=output, **info))
                 answer = self.decode(output) if self.decode else ""

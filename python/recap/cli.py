@@ -66,6 +66,38 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if all(r[1] for r in rows) else 1
 
 
+def _load_local(path: str, vlm_classes: tuple[str, ...]):
+    """(model, tokenizer, encode, is_vision) of a local model folder. Vision-language models
+    get their processor; an image prompt's image goes first in the user turn."""
+    import torch
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path)
+    if any(a in vlm_classes for a in (getattr(cfg, "architectures", None) or [])):
+        from PIL import Image
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        proc = AutoProcessor.from_pretrained(path)
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+
+        def encode(messages, image):
+            turns = []
+            for i, m in enumerate(messages):
+                content = [{"type": "text", "text": m["content"]}]
+                if i == 0 and image is not None:
+                    content.insert(0, {"type": "image", "image": Image.open(image).convert("RGB")})
+                turns.append({"role": m["role"], "content": content})
+            return proc.apply_chat_template(turns, add_generation_prompt=True, tokenize=True,
+                                            return_dict=True, return_tensors="pt")
+
+        return model, proc.tokenizer, encode, True
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return model, tok, lambda messages, image: _encode(tok, messages), False
+
+
 def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -78,29 +110,30 @@ def bench(args: argparse.Namespace) -> int:
     if args.anchor:
         entries.append(Entry.parse("hf_pld"))
     t0 = time.perf_counter()
+    vision = False
     if args.model is None:
         from recap.models import load_smollm2
 
         model, tok = load_smollm2(threads=args.threads)
         model_name = "SmolLM2-135M-Instruct (float32)"
+        encode = lambda messages, image: _encode(tok, messages)  # noqa: E731
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from recap.adapters import VLM_MODELS
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        tok = AutoTokenizer.from_pretrained(args.model)
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+        model, tok, encode, vision = _load_local(args.model, VLM_MODELS)
         model_name = args.model
     print(f"loaded {model_name} ({torch.get_num_threads()} threads) in {time.perf_counter() - t0:.1f} s")
-    prompts = load_prompts(args.prompts, sets=args.sets, per_set=args.per_set)
+    prompts = load_prompts(args.prompts, sets=args.sets, per_set=args.per_set, images=vision)
     if not prompts:
         print(f"no prompts selected (sets {args.sets}); image prompts need a vision-language model", file=sys.stderr)
         return 2
-    b = Bench(model, lambda m: _encode(tok, m), entries, budget=args.budget, max_new_tokens=args.max_new_tokens,
+    b = Bench(model, encode, entries, budget=args.budget, max_new_tokens=args.max_new_tokens,
               eos_token_id=tok.eos_token_id, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
     print(f"{len(prompts)} prompts ({', '.join(sorted({p.set for p in prompts}))}), drafters "
           f"{', '.join(e.label for e in b.entries)}, budget {args.budget}, {args.max_new_tokens} new tokens")
-    b.warm_up()
+    b.warm_up(image=next((p.image for p in prompts if p.image is not None), None))
     b.run(prompts, progress=not args.quiet)
     print()
     print(b.markdown())
