@@ -165,10 +165,15 @@ class Bench:
             if r.prompt == prompt_id:
                 r.equal = r.output == reference.get(r.turn)
 
-    def run(self, prompts: list[Prompt], progress: bool = True) -> None:
+    def run(self, prompts: list[Prompt], progress: bool = True, checkpoint: Path | None = None,
+            meta: dict | None = None) -> None:
+        """Runs every prompt; with `checkpoint`, the reports are rewritten there after each
+        prompt, so an interrupted run keeps what it measured."""
         bar = _progress(len(prompts), progress)
         for i, p in enumerate(prompts):
             self.run_prompt(i, p)
+            if checkpoint is not None:
+                self.save(checkpoint, {**(meta or {}), "completed_prompts": i + 1}, plot=False)
             bar(i + 1, p.id)
 
     # ---- reporting --------------------------------------------------------------------
@@ -225,7 +230,7 @@ class Bench:
                          + f" | {tree} | {host} | {fwd} | {o['mismatches']}/{o['prompts']} |")
         return "\n".join(lines)
 
-    def save(self, folder: Path, meta: dict) -> list[Path]:
+    def save(self, folder: Path, meta: dict, plot: bool = True) -> list[Path]:
         folder.mkdir(parents=True, exist_ok=True)
         written = []
         data = {"meta": meta, "summary": self.summary(), "runs": [asdict(r) for r in self.runs]}
@@ -233,7 +238,7 @@ class Bench:
         (folder / "bench.md").write_text(self.markdown() + "\n")
         written += [folder / "bench.json", folder / "bench.md"]
         png = folder / "bench.png"
-        if _plot(self.summary(), [e.label for e in self.entries], png):
+        if plot and _plot(self.summary(), [e.label for e in self.entries], png):
             written.append(png)
         return written
 

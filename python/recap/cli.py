@@ -134,11 +134,11 @@ def bench(args: argparse.Namespace) -> int:
     print(f"{len(prompts)} prompts ({', '.join(sorted({p.set for p in prompts}))}), drafters "
           f"{', '.join(e.label for e in b.entries)}, budget {args.budget}, {args.max_new_tokens} new tokens")
     b.warm_up(image=next((p.image for p in prompts if p.image is not None), None))
-    b.run(prompts, progress=not args.quiet)
-    print()
-    print(b.markdown())
     meta = {"model": model_name, "budget": args.budget, "max_new_tokens": args.max_new_tokens,
             "prompts": len(prompts), "machine": machine()}
+    b.run(prompts, progress=not args.quiet, checkpoint=Path(args.out), meta=meta)
+    print()
+    print(b.markdown())
     written = b.save(Path(args.out), meta)
     print("\nwrote " + ", ".join(str(p) for p in written))
     bad = sum(f["mismatches"] for f in b.summary()["overall"].values())
