@@ -7,8 +7,8 @@
 //! Buckets start from a prior (the path score itself; a flat value for chains) and move to
 //! the observed rates as evidence accumulates.
 //!
-//! Nodes are then taken greedily by probability (a node only after its parent, its
-//! probability capped by its parent's), and the prefix with the best expected tokens per
+//! Nodes are then taken greedily by (optimistic) probability (a node only after its parent,
+//! its probability capped by its parent's), and the prefix with the best expected tokens per
 //! second wins. `cost[n - 1]` is the time of a verification pass over n tree tokens
 //! (root included), measured by the caller.
 
@@ -23,7 +23,12 @@ const CHAIN_DEPTHS: usize = 16;
 const MATCH_BUCKETS: usize = 4;
 const BUCKETS: usize = SCORE_BUCKETS + CHAIN_DEPTHS * MATCH_BUCKETS;
 /// Pseudo-observations the prior is worth.
-const PRIOR_WEIGHT: f32 = 4.0;
+const PRIOR_WEIGHT: f32 = 2.0;
+/// Selection uses optimistic probabilities: the estimate plus this many standard errors
+/// (an upper confidence bound). Thinly observed buckets, whose prior from the path score
+/// is pessimistic, are then verified, observed and corrected instead of never being tried;
+/// well-observed buckets keep their estimate.
+const OPTIMISM: f32 = 1.0;
 const CHAIN_PRIOR: f32 = 0.3;
 /// Counts are halved when a bucket reaches this, so the table follows drift.
 const HALF_LIFE: f32 = 2000.0;
@@ -72,6 +77,7 @@ pub struct AutoBudget {
     counts: Vec<f32>,
     heap: BinaryHeap<Frontier>,
     prob: Vec<f32>,
+    mean: Vec<f32>,
     order: Vec<u32>,
     children_start: Vec<u32>,
     children: Vec<u32>,
@@ -87,6 +93,7 @@ impl AutoBudget {
             counts: vec![0.0; BUCKETS],
             heap: BinaryHeap::new(),
             prob: Vec::new(),
+            mean: Vec::new(),
             order: Vec::new(),
             children_start: Vec::new(),
             children: Vec::new(),
@@ -156,6 +163,13 @@ impl AutoBudget {
             / (self.counts[bucket] + PRIOR_WEIGHT)
     }
 
+    /// The probability plus OPTIMISM standard errors, at most 1.
+    fn optimistic(&self, bucket: usize) -> f32 {
+        let p = self.probability(bucket);
+        let n = self.counts[bucket] + PRIOR_WEIGHT;
+        (p + OPTIMISM * (p * (1.0 - p) / n).sqrt()).min(1.0)
+    }
+
     /// Time of a pass over `n` tokens (beyond the curve: extrapolated linearly).
     fn cost_of(&self, n: usize) -> f32 {
         let m = self.cost.len();
@@ -195,6 +209,8 @@ impl AutoBudget {
         }
         self.prob.clear();
         self.prob.resize(n, 1.0);
+        self.mean.clear();
+        self.mean.resize(n, 1.0);
         self.order.clear();
         self.heap.clear();
         let push_children = |b: &mut Self, v: usize| {
@@ -204,8 +220,10 @@ impl AutoBudget {
             );
             for j in s..e {
                 let c = b.children[j] as usize;
-                let p = b.probability(Self::bucket(tree, c)).min(b.prob[v]);
+                let bucket = Self::bucket(tree, c);
+                let p = b.optimistic(bucket).min(b.prob[v]);
                 b.prob[c] = p;
+                b.mean[c] = b.probability(bucket).min(b.mean[v]);
                 b.heap.push(Frontier { p, node: c as u32 });
             }
         };
@@ -213,14 +231,15 @@ impl AutoBudget {
         let explore = self.trees % EXPLORE_EVERY == EXPLORE_EVERY - 1;
         self.trees += 1;
         let min_keep = if explore { EXPLORE_NODES } else { 0 };
-        let mut expected = 0.0f32;
+        let (mut optimistic, mut expected) = (0.0f32, 0.0f32);
         let mut best = (1.0 / self.cost_of(1), 0usize, 0.0f32);
         while let Some(f) = self.heap.pop() {
             let v = f.node as usize;
             self.order.push(f.node);
-            expected += f.p;
+            optimistic += f.p;
+            expected += self.mean[v];
             let kept = self.order.len();
-            let rate = (1.0 + expected) / self.cost_of(kept + 1);
+            let rate = (1.0 + optimistic) / self.cost_of(kept + 1);
             if rate > best.0 || kept <= min_keep {
                 best = (rate.max(best.0), kept, expected);
             }
@@ -325,7 +344,7 @@ mod tests {
         let mut probs = Vec::new();
         let mut cap = 1.0f32;
         for i in 1..=6 {
-            cap = cap.min(b.probability(AutoBudget::bucket(&t, i)));
+            cap = cap.min(b.optimistic(AutoBudget::bucket(&t, i)));
             probs.push(cap);
         }
         let mut best = 0.0f32;
@@ -334,7 +353,8 @@ mod tests {
             best = best.max((1.0 + e) / cost[k]);
         }
         let s = b.last();
-        assert!(((1.0 + s.expected) / cost[s.kept] - best).abs() < 1e-5);
+        let chosen: f32 = probs[..s.kept].iter().sum();
+        assert!(((1.0 + chosen) / cost[s.kept] - best).abs() < 1e-5);
     }
 
     #[test]
@@ -347,6 +367,7 @@ mod tests {
             b.learn(&t, &[0]); // nothing ever accepted
         }
         assert!(b.probability(bucket) < before / 5.0);
+        assert!(b.optimistic(bucket) < before / 2.0); // the doubt shrinks with evidence
         assert!(b.calibration().iter().any(|c| c.3 > 0.0));
         assert!(AutoBudget::new(vec![]).is_err());
         assert!(AutoBudget::new(vec![1.0, f32::NAN]).is_err());
