@@ -77,6 +77,8 @@ class Run:
     predicted_accepted: float = 0.0
     observed_accepted: int = 0
     phase_s: dict[str, float] = field(default_factory=dict)
+    #: budget="auto" only: the cost curve in use at the end of the call.
+    cost: dict | None = None
     output: list[int] = field(default_factory=list)
     equal: bool | None = None
 
@@ -124,7 +126,7 @@ class Bench:
             s = dec.last_stats
             info = dict(steps=s.steps, prefill_s=s.prefill_s, tree_nodes=sum(s.tree_sizes),
                         phase_s=dict(s.phase_s), total_s=total, predicted_accepted=s.predicted_accepted,
-                        observed_accepted=s.observed_accepted)
+                        observed_accepted=s.observed_accepted, cost=s.cost)
         else:
             counter = _ForwardCounter(self.model)
             try:
