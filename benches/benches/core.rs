@@ -21,6 +21,15 @@ fn warmed() -> Simulator {
     sim
 }
 
+/// Propose, pack the mask, verify on the synthetic target, accept and update.
+fn full_step(sim: &mut Simulator, mask: &mut Vec<bool>) -> usize {
+    let t = sim.session.propose().unwrap();
+    mask.resize(t.len() * t.len(), false);
+    t.write_ancestor_mask(mask);
+    sim.verify_current_tree();
+    sim.observe()
+}
+
 fn bench_steps(c: &mut Criterion) {
     let mut sim = warmed();
     eprintln!(
@@ -64,13 +73,7 @@ fn bench_steps(c: &mut Criterion) {
         })
     });
     g.bench_function("full step (propose + pack + update)", |b| {
-        b.iter(|| {
-            let t = sim.session.propose().unwrap();
-            mask.resize(t.len() * t.len(), false);
-            t.write_ancestor_mask(&mut mask);
-            sim.verify_current_tree();
-            black_box(sim.observe())
-        })
+        b.iter(|| black_box(full_step(&mut sim, &mut mask)))
     });
     g.finish();
 }
@@ -179,13 +182,7 @@ fn bench_peers(c: &mut Criterion) {
         }
         sim.begin_request(200);
         g.bench_function(*name, |b| {
-            b.iter(|| {
-                let t = sim.session.propose().unwrap();
-                mask.resize(t.len() * t.len(), false);
-                t.write_ancestor_mask(&mut mask);
-                sim.verify_current_tree();
-                black_box(sim.observe())
-            })
+            b.iter(|| black_box(full_step(&mut sim, &mut mask)))
         });
     }
     g.finish();

@@ -9,7 +9,7 @@ use crate::memory::{key_c, key_g, row_stats, ContextTables, UnigramTable, MAX_VO
 use crate::search::{BestFirst, ProposalSource, SearchParams};
 use crate::suffix::SuffixAutomaton;
 use crate::token_set::TokenSet;
-use crate::tree::{DraftTree, NodeSource, NO_TOKEN};
+use crate::tree::{context_before_last, DraftTree, NodeSource, NO_TOKEN};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecapConfig {
@@ -234,18 +234,6 @@ impl RecapDrafter {
     }
 }
 
-fn last_two(history: &[u32]) -> [u32; 2] {
-    let n = history.len();
-    let at = |back: usize| {
-        if n > back {
-            history[n - 1 - back]
-        } else {
-            NO_TOKEN
-        }
-    };
-    [at(2), at(1)]
-}
-
 impl Drafter for RecapDrafter {
     fn name(&self) -> &'static str {
         "recap"
@@ -266,7 +254,7 @@ impl Drafter for RecapDrafter {
             if self.excluded.contains(t) {
                 continue;
             }
-            let [pp, p] = last_two(&context[..=i]);
+            let [pp, p] = context_before_last(&context[..=i]);
             let (ids, probs) = rows.row(i);
             Self::write_row(
                 &mut u,

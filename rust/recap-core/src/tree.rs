@@ -22,6 +22,19 @@ pub enum NodeSource {
 /// Sentinel for "no token" in contexts (the request started fewer than two tokens ago).
 pub const NO_TOKEN: u32 = u32::MAX;
 
+/// The (prev2, prev) tokens before the last token of `tokens`; NO_TOKEN where absent.
+pub fn context_before_last(tokens: &[u32]) -> [u32; 2] {
+    let n = tokens.len();
+    let at = |back: usize| {
+        if n > back {
+            tokens[n - 1 - back]
+        } else {
+            NO_TOKEN
+        }
+    };
+    [at(2), at(1)]
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DraftTree {
     pub tokens: Vec<u32>,
@@ -63,15 +76,7 @@ impl DraftTree {
 
     /// Starts a new tree rooted at the last committed token of `history` (non-empty).
     pub fn start(&mut self, history: &[u32]) {
-        let n = history.len();
-        let at = |back: usize| {
-            if n > back {
-                history[n - 1 - back]
-            } else {
-                NO_TOKEN
-            }
-        };
-        self.reset(at(0), [at(2), at(1)]);
+        self.reset(history[history.len() - 1], context_before_last(history));
     }
 
     /// Appends a child of `parent` and returns its index.
