@@ -16,7 +16,7 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use crate::error::{Error, Result};
-use crate::tree::{DraftTree, NodeSource};
+use crate::tree::{children_csr, DraftTree, NodeSource};
 
 const SCORE_BUCKETS: usize = 64;
 const CHAIN_DEPTHS: usize = 16;
@@ -190,23 +190,7 @@ impl AutoBudget {
         keep.clear();
         keep.resize(n, false);
         keep[0] = true;
-        // Children lists (CSR) of the preorder tree.
-        self.children_start.clear();
-        self.children_start.resize(n + 1, 0);
-        for i in 1..n {
-            self.children_start[tree.parents[i] as usize + 1] += 1;
-        }
-        for i in 0..n {
-            self.children_start[i + 1] += self.children_start[i];
-        }
-        self.children.clear();
-        self.children.resize(n.saturating_sub(1), 0);
-        let mut fill: Vec<u32> = self.children_start[..n].to_vec();
-        for i in 1..n {
-            let p = tree.parents[i] as usize;
-            self.children[fill[p] as usize] = i as u32;
-            fill[p] += 1;
-        }
+        children_csr(&tree.parents, &mut self.children_start, &mut self.children);
         self.prob.clear();
         self.prob.resize(n, 1.0);
         self.mean.clear();

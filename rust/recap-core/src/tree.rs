@@ -22,6 +22,27 @@ pub enum NodeSource {
 /// Sentinel for "no token" in contexts (the request started fewer than two tokens ago).
 pub const NO_TOKEN: u32 = u32::MAX;
 
+/// Children lists of a parent-first tree in CSR form, siblings in index order: the children
+/// of node v are `children[start[v]..start[v + 1]]`.
+pub fn children_csr(parents: &[i32], start: &mut Vec<u32>, children: &mut Vec<u32>) {
+    let n = parents.len();
+    start.clear();
+    start.resize(n + 1, 0);
+    for &p in &parents[1.min(n)..] {
+        start[p as usize + 1] += 1;
+    }
+    for i in 0..n {
+        start[i + 1] += start[i];
+    }
+    children.clear();
+    children.resize(n.saturating_sub(1), 0);
+    let mut fill: Vec<u32> = start[..n].to_vec();
+    for (i, &p) in parents.iter().enumerate().skip(1) {
+        children[fill[p as usize] as usize] = i as u32;
+        fill[p as usize] += 1;
+    }
+}
+
 /// The (prev2, prev) tokens before the last token of `tokens`; NO_TOKEN where absent.
 pub fn context_before_last(tokens: &[u32]) -> [u32; 2] {
     let n = tokens.len();
@@ -144,25 +165,8 @@ impl DraftTree {
         if n <= 2 {
             return;
         }
-        // Children lists in CSR form, in insertion order.
-        let start = &mut self.scratch_start;
-        start.clear();
-        start.resize(n + 1, 0);
-        for i in 1..n {
-            start[self.parents[i] as usize + 1] += 1;
-        }
-        for i in 0..n {
-            start[i + 1] += start[i];
-        }
-        let mut fill: Vec<u32> = start[..n].to_vec();
-        let children = &mut self.scratch_order;
-        children.clear();
-        children.resize(n, 0);
-        for i in 1..n {
-            let p = self.parents[i] as usize;
-            children[fill[p] as usize] = i as u32;
-            fill[p] += 1;
-        }
+        let (start, children) = (&mut self.scratch_start, &mut self.scratch_order);
+        children_csr(&self.parents, start, children);
         // Iterative DFS; `order[new] = old`.
         let mut order = Vec::with_capacity(n);
         let stack = &mut self.scratch_stack;
