@@ -57,6 +57,15 @@ def _compact_cache(cache, past_len: int, path: np.ndarray, tree_len: int) -> Non
     cache.crop(-(tree_len - accepted))
 
 
+def _tree_attention_mask(tree_mask: torch.Tensor, past: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4D mask [1, 1, T, past + T]: every node sees the whole committed prefix and,
+    within the tree, its ancestors and itself (`tree_mask`, a T x T bool matrix)."""
+    n = tree_mask.shape[0]
+    mask = torch.zeros(1, 1, n, past + n, dtype=dtype, device=tree_mask.device)
+    mask[0, 0, :, past:].masked_fill_(~tree_mask, torch.finfo(dtype).min)
+    return mask
+
+
 class _ChainVerifier:
     """Runs verification passes over chains of n tokens exactly as decoding steps do (for
     measuring the cost curve)."""
@@ -69,10 +78,8 @@ class _ChainVerifier:
     def __call__(self, cache, past: int, tokens: torch.Tensor) -> np.ndarray:
         d = self.decoder
         n = tokens.shape[1]
-        dtype = next(d.model.parameters()).dtype
-        mask = torch.zeros(1, 1, n, past + n, dtype=dtype, device=tokens.device)
         chain = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
-        mask[0, 0, :, past:].masked_fill_(~chain, torch.finfo(dtype).min)
+        mask = _tree_attention_mask(chain, past, next(d.model.parameters()).dtype)
         positions = d.adapter.tree_positions(past, torch.arange(n, device=tokens.device))
         return d._forward_packed(cache, tokens, mask, positions)
 
@@ -228,7 +235,6 @@ class Decoder:
             drafter.seed(seed_ids, seed_probs)
         past = len(prompt)
         dtype = next(model.parameters()).dtype
-        neg = torch.finfo(dtype).min
         k = self.config.k
         phase = stats.phase_s
         while not done:
@@ -238,9 +244,7 @@ class Decoder:
             n = len(tree)
             tokens = torch.from_numpy(tree.tokens).to(device).unsqueeze(0)
             depths = torch.from_numpy(tree.depths).to(device)
-            mask = torch.zeros(1, 1, n, past + n, dtype=dtype, device=device)
-            tree_mask = torch.from_numpy(tree.mask).to(device)
-            mask[0, 0, :, past:].masked_fill_(~tree_mask, neg)
+            mask = _tree_attention_mask(torch.from_numpy(tree.mask).to(device), past, dtype)
             positions = self.adapter.tree_positions(past, depths)
             t2 = time.perf_counter()
             packed = self._forward_packed(cache, tokens, mask, positions)
