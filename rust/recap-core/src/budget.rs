@@ -32,10 +32,11 @@ const OPTIMISM: f32 = 1.0;
 const CHAIN_PRIOR: f32 = 0.3;
 /// Counts are halved when a bucket reaches this, so the table follows drift.
 const HALF_LIFE: f32 = 2000.0;
-/// Every EXPLORE_EVERY-th tree keeps at least EXPLORE_NODES nodes, so buckets the current
-/// estimates would never verify still get observed (and can prove themselves).
+/// Every EXPLORE_EVERY-th tree keeps at least the next of EXPLORE_NODES nodes, so buckets the
+/// current estimates would never verify still get observed (and can prove themselves), and
+/// the caller's cost curve gets real timings at several sizes, not only at the usual one.
 const EXPLORE_EVERY: u64 = 8;
-const EXPLORE_NODES: usize = 8;
+const EXPLORE_NODES: [usize; 4] = [8, 16, 24, 32];
 
 #[derive(Clone, Copy, Debug)]
 struct Frontier {
@@ -213,8 +214,9 @@ impl AutoBudget {
         };
         push_children(self, 0);
         let explore = self.trees % EXPLORE_EVERY == EXPLORE_EVERY - 1;
+        let round = (self.trees / EXPLORE_EVERY) as usize % EXPLORE_NODES.len();
         self.trees += 1;
-        let min_keep = if explore { EXPLORE_NODES } else { 0 };
+        let min_keep = if explore { EXPLORE_NODES[round] } else { 0 };
         let (mut optimistic, mut expected) = (0.0f32, 0.0f32);
         let mut best = (1.0 / self.cost_of(1), 0usize, 0.0f32);
         while let Some(f) = self.heap.pop() {
