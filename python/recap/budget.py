@@ -95,7 +95,8 @@ def cost_model(model: torch.nn.Module, verify, max_tokens: int, *, refresh: bool
     """The cached cost model of `model` (measured now if missing, or if `refresh`).
 
     `verify(cache, past, tokens)` runs one verification pass of a [1, n] chain of tokens the
-    way the decoder does; `new_cache()` comes with it as `verify.new_cache`."""
+    way the decoder does; `new_cache()` comes with it as `verify.new_cache`, and the token
+    ids never to feed (image placeholders) as `verify.excluded`."""
     key = _key(model)
     found = _CACHE.get(key)
     if found is not None and not refresh and found.points[-1] >= min(max_tokens, POINTS[-1]):
@@ -112,12 +113,19 @@ def _measure(model, verify, points: list[int], reps: int) -> list[float]:
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
-    context = torch.randint(3, max(vocab - 1, 4), (1, CALIBRATION_PAST), generator=gen).to(device)
+    excluded = torch.tensor(sorted(getattr(verify, "excluded", ())), dtype=torch.long)
+
+    def draw(n: int) -> torch.Tensor:
+        # Random text tokens; never an image placeholder (it would read as an image prompt).
+        t = torch.randint(3, max(vocab - 1, 4), (1, n), generator=gen)
+        return t.masked_fill(torch.isin(t, excluded), 3).to(device)
+
+    context = draw(CALIBRATION_PAST)
     cache = verify.new_cache()
     model(input_ids=context, **{verify.cache_kw: cache}, use_cache=True, logits_to_keep=1)
     out = []
     for n in points:
-        tokens = torch.randint(3, max(vocab - 1, 4), (1, n), generator=gen).to(device)
+        tokens = draw(n)
         times = []
         for _ in range(reps + 1):  # the first pass of each size warms up
             t = time.perf_counter()

@@ -38,8 +38,10 @@ def _new_cache(model: torch.nn.Module):
     return DynamicCache(config=model.config)
 
 
-def _compact_cache(cache, past_len: int, path: np.ndarray, tree_len: int) -> None:
-    """Keep the prefix, the root and the accepted nodes of the tree just verified."""
+def _compact_cache(cache, path: np.ndarray, tree_len: int) -> None:
+    """Keep the prefix, the root and the accepted nodes of the tree just verified. The tree
+    is the last `tree_len` entries of every layer; layers may hold prefixes of different
+    lengths (visual-token routing keeps fewer prompt tokens in deeper layers)."""
     accepted = len(path)
     if np.array_equal(path, np.arange(accepted)):
         drop = tree_len - accepted
@@ -47,11 +49,11 @@ def _compact_cache(cache, past_len: int, path: np.ndarray, tree_len: int) -> Non
             cache.crop(-drop)
         return
     # Move the accepted entries (few) into place right after the root, then crop the rest.
-    idx = None
+    offsets = torch.as_tensor(path[1:])
     for layer in cache.layers:
-        if idx is None or idx.device != layer.keys.device:
-            idx = torch.as_tensor(past_len + path[1:], device=layer.keys.device)
-        dst = slice(past_len + 1, past_len + accepted)
+        base = layer.keys.shape[-2] - tree_len
+        idx = (offsets + base).to(layer.keys.device)
+        dst = slice(base + 1, base + accepted)
         layer.keys[..., dst, :] = layer.keys.index_select(-2, idx)
         layer.values[..., dst, :] = layer.values.index_select(-2, idx)
     cache.crop(-(tree_len - accepted))
@@ -74,6 +76,7 @@ class _ChainVerifier:
         self.decoder = decoder
         self.cache_kw = decoder._cache_kw
         self.new_cache = lambda: _new_cache(decoder.model)
+        self.excluded = decoder.adapter.excluded
 
     def __call__(self, cache, past: int, tokens: torch.Tensor) -> np.ndarray:
         d = self.decoder
@@ -254,7 +257,7 @@ class Decoder:
             probs = np.ascontiguousarray(packed[:, 1 + k:])
             path, committed = drafter.observe(pred, ids, probs)
             t4 = time.perf_counter()
-            _compact_cache(cache, past, path, n)
+            _compact_cache(cache, path, n)
             past += len(path)
             t5 = time.perf_counter()
             new = committed.tolist()
