@@ -147,6 +147,57 @@ def bench(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def catchup_bench(args: argparse.Namespace) -> int:
+    """Routing modes and budgets side by side (see recap.catchup.bench)."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from recap.catchup import bench as cb
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cases = [cb.Case(m, b) for b in args.budgets for m in args.modes]
+    answer = None
+    if args.model is None:
+        model = cb.tiny_llava()
+        images = sorted((Path(__file__).parent / "data" / "images").glob("*.png"))[: args.limit]
+        prompts = [{"inputs": cb.tiny_inputs(model, img, [17 + i, 40, 23, 88, 2])} for i, img in enumerate(images)]
+        name = "tiny random LLaVA-1.5-shaped model (32 layers, hidden 256, 576 visual tokens)"
+    else:
+        from recap.adapters import VLM_MODELS
+
+        model, tok, encode, vision = _load_local(args.model, VLM_MODELS)
+        if not vision:
+            print(f"--model: expected a vision-language model ({', '.join(VLM_MODELS)})", file=sys.stderr)
+            return 2
+        qfile = Path(args.questions)
+        rows = [json.loads(line) for line in qfile.read_text().splitlines() if line.strip()][: args.limit]
+        prompts = []
+        for q in rows:
+            enc = encode([{"role": "user", "content": q["question"]}], str(qfile.parent / q["image"]))
+            prompts.append({"inputs": dict(enc), "answer": q["answer"]})
+        name = args.model
+
+        def answer(p):
+            n = p["inputs"]["input_ids"].shape[1]
+            with torch.no_grad():
+                out = model.generate(**p["inputs"], do_sample=False, max_new_tokens=args.max_new_tokens)
+            return tok.decode(out[0, n:], skip_special_tokens=True)
+
+    print(f"{name}: {len(prompts)} prompts, {len(cases) + 1} routing cases, {args.reps} timing repetitions, "
+          f"{torch.get_num_threads()} threads")
+    table = cb.summary(cb.run(model, prompts, cases, reps=args.reps, answer=answer, progress=not args.quiet))
+    print(cb.markdown(table))
+    from recap.bench import machine
+
+    written = cb.save(Path(args.out), table, {"model": name, "prompts": len(prompts), "reps": args.reps,
+                                              "machine": machine()})
+    print("\nwrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="recap", description="RECAP speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -175,11 +226,32 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--no-anchor", dest="anchor", action="store_false",
                    help="skip transformers' prompt lookup anchor")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    c = sub.add_parser("catchup", help="visual-token routing modes and budgets side by side",
+                       description="KV cache, prefill FLOPs and prefill time of every routing mode at each "
+                       "budget against dense, on a tiny random LLaVA-shaped model or, with --model and "
+                       "--questions, a real vision-language model (then also accuracy and agreement with dense).")
+    c.add_argument("--budgets", nargs="+", type=int, default=[64, 128, 192],
+                   help="average visual tokens per layer (default 64 128 192)")
+    c.add_argument("--modes", nargs="+", default=["fastv", "pyramiddrop", "reroute", "catchup"],
+                   choices=["fastv", "pyramiddrop", "reroute", "catchup"])
+    c.add_argument("--model", default=None, help="a local LLaVA / LLaVA-NeXT / Qwen2.5-VL folder")
+    c.add_argument("--questions", default=None,
+                   help="with --model: a JSONL of {question, answer, image} (image relative to the file)")
+    c.add_argument("--limit", type=int, default=None, help="at most this many prompts")
+    c.add_argument("--max-new-tokens", type=int, default=16, help="answer length with --model")
+    c.add_argument("--reps", type=int, default=5, help="timed prefills per case and prompt")
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--out", default="catchup-out", help="folder for catchup.json and catchup.md")
+    c.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    if args.command == "catchup" and args.model is not None and args.questions is None:
+        parser.error("catchup: --model needs --questions (a JSONL of {question, answer, image})")
     if args.command == "demo":
         return demo(args)
     if args.command == "bench":
         return bench(args)
+    if args.command == "catchup":
+        return catchup_bench(args)
     return 2
 
 
