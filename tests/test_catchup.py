@@ -415,3 +415,61 @@ def test_average_budgets_map_to_stage_budgets():
     lengths = [5, 8, 8, 9]
     assert abs((2 * 576 + sum(k * n for k, n in zip(pyramid, lengths, strict=True))) / 32 - 64) < 1
     assert CatchUpConfig(budget=64, mode="fastv").routing_layers(32) == (2,)
+
+
+# ---- the benchmark ---------------------------------------------------------------------------
+CHAT = ("{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}{% if c['type'] == 'image' %}<image> "
+        "{% else %}{{ c['text'] }}{% endif %}{% endfor %} {% endfor %}assistant:")
+
+
+def _local_llava(folder):
+    """The tiny LLaVA saved as a model folder with a word-level tokenizer and a processor."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import CLIPImageProcessorPil, LlavaProcessor, PreTrainedTokenizerFast
+
+    model, _ = llava_inputs([], [])
+    vocab = {f"w{i}": i for i in range(model.config.text_config.vocab_size)}
+    vocab["<image>"] = vocab.pop(f"w{IMAGE_TOKEN}")
+    vocab["<unk>"] = vocab.pop("w3")
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="<unk>", eos_token="w1", pad_token="w0",
+                                  extra_special_tokens={"image_token": "<image>"})
+    proc = LlavaProcessor(image_processor=CLIPImageProcessorPil(size={"shortest_edge": 56},
+                                                                crop_size={"height": 56, "width": 56}),
+                          tokenizer=tok, patch_size=14, vision_feature_select_strategy="default",
+                          num_additional_image_tokens=1, image_token="<image>", chat_template=CHAT)
+    model.save_pretrained(folder)
+    proc.save_pretrained(folder)
+
+
+def test_catchup_cli_on_a_local_model_reports_accuracy_and_agreement(tmp_path, capsys):
+    import json
+
+    from recap.cli import main
+
+    _local_llava(tmp_path / "model")
+    out = tmp_path / "out"
+    assert main(["catchup", "--model", str(tmp_path / "model"), "--budgets", "10", "14", "--modes", "catchup",
+                 "fastv", "--reps", "1", "--limit", "3", "--max-new-tokens", "4", "--out", str(out), "--quiet"]) == 0
+    rows = {r["case"]: r for r in json.loads((out / "catchup.json").read_text())["rows"]}
+    assert set(rows) == {"dense", "catchup@10", "fastv@10", "catchup@14", "fastv@14"}
+    assert rows["dense"]["agree_with_dense"] == 1.0 and rows["dense"]["kv_ratio"] == 1.0
+    assert rows["catchup@10"]["kv_ratio"] < rows["catchup@14"]["kv_ratio"] < 1.0
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in rows.values())
+    assert "same answer as dense" in (out / "catchup.md").read_text()
+    assert catchup.router_of(llava_inputs([], [])[0]) is None  # nothing left enabled
+
+
+def test_catchup_cli_on_the_tiny_default_model(tmp_path):
+    import json
+
+    from recap.cli import main
+
+    assert main(["catchup", "--budgets", "64", "--modes", "reroute", "catchup", "--reps", "1", "--limit", "1",
+                 "--out", str(tmp_path), "--quiet"]) == 0
+    rows = {r["case"]: r for r in json.loads((tmp_path / "catchup.json").read_text())["rows"]}
+    assert rows["dense"]["visual_tokens"] == 576
+    for case in ("reroute@64", "catchup@64"):
+        assert abs(rows[case]["mean_active_visual"] - 64) < 1 and rows[case]["kv_ratio"] < 0.2
+    assert rows["catchup@64"]["snapshot_kib"] > 0 == rows["reroute@64"]["snapshot_kib"]

@@ -172,7 +172,7 @@ def catchup_bench(args: argparse.Namespace) -> int:
         if not vision:
             print(f"--model: expected a vision-language model ({', '.join(VLM_MODELS)})", file=sys.stderr)
             return 2
-        qfile = Path(args.questions)
+        qfile = Path(args.questions) if args.questions else Path(__file__).parent / "data" / "easy_vqa_questions.jsonl"
         rows = [json.loads(line) for line in qfile.read_text().splitlines() if line.strip()][: args.limit]
         prompts = []
         for q in rows:
@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                    choices=["fastv", "pyramiddrop", "reroute", "catchup"])
     c.add_argument("--model", default=None, help="a local LLaVA / LLaVA-NeXT / Qwen2.5-VL folder")
     c.add_argument("--questions", default=None,
-                   help="with --model: a JSONL of {question, answer, image} (image relative to the file)")
+                   help="with --model: a JSONL of {question, answer, image}, image paths relative to the file "
+                   "(default: the 61 shipped easy-VQA questions)")
     c.add_argument("--limit", type=int, default=None, help="at most this many prompts")
     c.add_argument("--max-new-tokens", type=int, default=16, help="answer length with --model")
     c.add_argument("--reps", type=int, default=5, help="timed prefills per case and prompt")
@@ -244,8 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", default="catchup-out", help="folder for catchup.json and catchup.md")
     c.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    if args.command == "catchup" and args.model is not None and args.questions is None:
-        parser.error("catchup: --model needs --questions (a JSONL of {question, answer, image})")
     if args.command == "demo":
         return demo(args)
     if args.command == "bench":
