@@ -262,8 +262,11 @@ def test_recap_decoder_equals_generate_on_the_routed_model(case, budget, mode):
     model, inputs = CASES[case]()
     catchup.enable(model, budget=16, mode=mode)
     want = model.generate(**inputs, do_sample=False, max_new_tokens=24, pad_token_id=0)
-    got = recap.Decoder(model, RecapConfig(budget=budget)).generate(**inputs, max_new_tokens=24)
+    dec = recap.Decoder(model, RecapConfig(budget=budget))
+    got = dec.generate(**inputs, max_new_tokens=24)
     assert got.tolist() == want.tolist()
+    routing = dec.last_stats.as_dict()["routing"]
+    assert routing["routed"] and routing["kv_ratio"] < 1  # the decoder reports the prefill's routing
 
 
 def test_llava_next_tiles_route_and_stay_exact_at_full_budget():

@@ -19,6 +19,7 @@ from recap import drafters
 from recap._core import PersistentMemory
 from recap.adapters import ModelAdapter, adapter_for
 from recap.budget import CostModel, cost_model
+from recap.catchup import router_of
 from recap.config import RecapConfig
 from recap.stats import GenerationStats
 
@@ -227,6 +228,9 @@ class Decoder:
         cache = _new_cache(model)
         first, seed_ids, seed_probs = self._prefill(input_ids, attention_mask, cache, model_inputs)
         stats.prefill_s = time.perf_counter() - t_start
+        router = router_of(model)
+        if router is not None and router.last_stats is not None:
+            stats.routing = router.last_stats.as_dict()
         if streamer is not None:
             streamer.put(input_ids.cpu())
         out = [first]

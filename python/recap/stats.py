@@ -24,6 +24,9 @@ class GenerationStats:
     offered_nodes: int = 0
     predicted_accepted: float = 0.0
     cost: dict | None = None
+    #: On a model with `recap.catchup` routing: what the prefill's routing did
+    #: (`RoutingStats.as_dict()`); None otherwise.
+    routing: dict | None = None
 
     @property
     def observed_accepted(self) -> int:
@@ -64,4 +67,5 @@ class GenerationStats:
             "predicted_accepted": self.predicted_accepted,
             "observed_accepted": self.observed_accepted,
             "cost": self.cost,
+            "routing": self.routing,
         }
