@@ -85,7 +85,7 @@ def _monotone(y: np.ndarray) -> np.ndarray:
 _CACHE: dict[tuple, CostModel] = {}
 
 
-def _key(model: torch.nn.Module) -> tuple:
+def model_key(model: torch.nn.Module) -> tuple:
     p = next(model.parameters())
     return (id(model), str(p.device), str(p.dtype), torch.get_num_threads())
 
@@ -97,7 +97,7 @@ def cost_model(model: torch.nn.Module, verify, max_tokens: int, *, refresh: bool
     `verify(cache, past, tokens)` runs one verification pass of a [1, n] chain of tokens the
     way the decoder does; `new_cache()` comes with it as `verify.new_cache`, and the token
     ids never to feed (image placeholders) as `verify.excluded`."""
-    key = _key(model)
+    key = model_key(model)
     found = _CACHE.get(key)
     if found is not None and not refresh and found.points[-1] >= min(max_tokens, POINTS[-1]):
         return found
@@ -108,29 +108,41 @@ def cost_model(model: torch.nn.Module, verify, max_tokens: int, *, refresh: bool
     return _CACHE[key]
 
 
-@torch.no_grad()
-def _measure(model, verify, points: list[int], reps: int) -> list[float]:
-    device = next(model.parameters()).device
-    vocab = model.get_output_embeddings().weight.shape[0]
-    gen = torch.Generator().manual_seed(0)
-    excluded = torch.tensor(sorted(getattr(verify, "excluded", ())), dtype=torch.long)
+class ChainPasses:
+    """Verification passes over random chains after a fixed random context of
+    CALIBRATION_PAST tokens, run exactly as decoding steps run them (`verify`)."""
 
-    def draw(n: int) -> torch.Tensor:
+    def __init__(self, model: torch.nn.Module, verify) -> None:
+        self.model, self.verify = model, verify
+        self.device = next(model.parameters()).device
+        self.vocab = model.get_output_embeddings().weight.shape[0]
+        self.gen = torch.Generator().manual_seed(0)
+        self.excluded = torch.tensor(sorted(getattr(verify, "excluded", ())), dtype=torch.long)
+        self.cache = verify.new_cache()
+        with torch.no_grad():
+            model(input_ids=self.draw(CALIBRATION_PAST), **{verify.cache_kw: self.cache}, use_cache=True,
+                  logits_to_keep=1)
+
+    def draw(self, n: int) -> torch.Tensor:
         # Random text tokens; never an image placeholder (it would read as an image prompt).
-        t = torch.randint(3, max(vocab - 1, 4), (1, n), generator=gen)
-        return t.masked_fill(torch.isin(t, excluded), 3).to(device)
+        t = torch.randint(3, max(self.vocab - 1, 4), (1, n), generator=self.gen)
+        return t.masked_fill(torch.isin(t, self.excluded), 3).to(self.device)
 
-    context = draw(CALIBRATION_PAST)
-    cache = verify.new_cache()
-    model(input_ids=context, **{verify.cache_kw: cache}, use_cache=True, logits_to_keep=1)
+    @torch.no_grad()
+    def run(self, tokens: torch.Tensor) -> float:
+        """Seconds of one pass over `tokens` (the cache is left as it was)."""
+        t = time.perf_counter()
+        self.verify(self.cache, CALIBRATION_PAST, tokens)
+        dt = time.perf_counter() - t
+        self.cache.crop(-tokens.shape[1])
+        return dt
+
+
+def _measure(model, verify, points: list[int], reps: int) -> list[float]:
+    passes = ChainPasses(model, verify)
     out = []
     for n in points:
-        tokens = draw(n)
-        times = []
-        for _ in range(reps + 1):  # the first pass of each size warms up
-            t = time.perf_counter()
-            verify(cache, CALIBRATION_PAST, tokens)
-            times.append(time.perf_counter() - t)
-            cache.crop(-n)
+        tokens = passes.draw(n)
+        times = [passes.run(tokens) for _ in range(reps + 1)]  # the first pass of each size warms up
         out.append(float(np.median(times[1:])))
     return _monotone(np.asarray(out)).tolist()
