@@ -129,10 +129,11 @@ class Bench:
                         observed_accepted=s.observed_accepted, cost=s.cost)
         else:
             counter = _ForwardCounter(self.model)
-            try:
+            try:  # in the decoders' linear layout, so only the draft and verify logic differ
                 t = time.perf_counter()
-                out = self.model.generate(ids, attention_mask=attn, do_sample=False, max_new_tokens=max_new,
-                                          eos_token_id=self.eos, prompt_lookup_num_tokens=10, **inputs)
+                with self.decoders["ar"].verifying():
+                    out = self.model.generate(ids, attention_mask=attn, do_sample=False, max_new_tokens=max_new,
+                                              eos_token_id=self.eos, prompt_lookup_num_tokens=10, **inputs)
                 total = time.perf_counter() - t
             finally:
                 counter.close()

@@ -135,7 +135,8 @@ def bench(args: argparse.Namespace) -> int:
           f"{', '.join(e.label for e in b.entries)}, budget {args.budget}, {args.max_new_tokens} new tokens")
     b.warm_up(image=next((p.image for p in prompts if p.image is not None), None))
     meta = {"model": model_name, "budget": args.budget, "max_new_tokens": args.max_new_tokens,
-            "prompts": len(prompts), "machine": machine()}
+            "prompts": len(prompts), "linear_layout": b.decoders["ar"].linear_layout_used, "machine": machine()}
+    print(f"linear layout: {meta['linear_layout']}")
     b.run(prompts, progress=not args.quiet, checkpoint=Path(args.out), meta=meta)
     print()
     print(b.markdown())

@@ -7,6 +7,7 @@ accept + update (Rust) -> compact the KV cache -> commit tokens. The output equa
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import time
@@ -16,9 +17,10 @@ import numpy as np
 import torch
 
 from recap import drafters
+from recap import linear_layout as layouts
 from recap._core import PersistentMemory
 from recap.adapters import ModelAdapter, adapter_for
-from recap.budget import CostModel, cost_model
+from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.catchup import router_of
 from recap.config import RecapConfig
 from recap.stats import GenerationStats
@@ -97,10 +99,16 @@ class Decoder:
     `recap.PersistentMemory` as ``memory`` to share those rows between decoders. One Decoder
     runs one request at a time: concurrent calls wait for each other (use one Decoder per
     thread, sharing a memory, for parallel requests).
+
+    ``linear_layout`` (``"auto"``, ``"default"``, ``"transposed"``): on a CPU, ``"auto"``
+    times one verification pass with the model's linear layers as they are and against a
+    transposed copy of their weights (see `recap.linear_layout`), and keeps the faster;
+    `linear_layout_used` says which. Other devices keep the model's own.
     """
 
     def __init__(self, model: torch.nn.Module, config: RecapConfig | None = None,
-                 memory: PersistentMemory | None = None, *, drafter: str = "recap") -> None:
+                 memory: PersistentMemory | None = None, *, drafter: str = "recap",
+                 linear_layout: str = "auto") -> None:
         self.model = model
         self.config = config if config is not None else RecapConfig()
         self.adapter: ModelAdapter = adapter_for(model)
@@ -119,15 +127,36 @@ class Decoder:
         self.last_stats: GenerationStats | None = None
         self.cost: CostModel | None = None
         self._host_s = 0.0  # running mean of the host time per step, added to every pass's cost
+        self._layout = layouts.choose(model, self._probe(), model_key(model), linear_layout)
+        self.linear_layout_used = "default" if self._layout is None else "transposed"
         if spec.adapts_budget and self.config.auto_budget:
             self.calibrate()
+
+    def _probe(self):
+        """One verification pass of a typical tree size (built on first call)."""
+        passes = None
+
+        def probe() -> None:
+            nonlocal passes
+            if passes is None:
+                passes = ChainPasses(self.model, _ChainVerifier(self))
+                probe.tokens = passes.draw(layouts.PROBE_TOKENS)
+            passes.run(probe.tokens)
+
+        return probe
+
+    def verifying(self):
+        """The context this decoder's passes run in (its linear layout): other generation on
+        the same model can share it, e.g. to compare like with like."""
+        return self._layout if self._layout is not None else contextlib.nullcontext()
 
     # ---- hardware-aware budget ----------------------------------------------------------
     def calibrate(self, refresh: bool = False) -> CostModel:
         """Measures (or takes from the process cache) the verification cost curve c(n) of this
         model, device, dtype and thread count, and sizes trees with it from now on."""
         verify = _ChainVerifier(self)
-        self.cost = cost_model(self.model, verify, self._drafter.max_nodes + 1, refresh=refresh)
+        with self.verifying():
+            self.cost = cost_model(self.model, verify, self._drafter.max_nodes + 1, refresh=refresh)
         self._push_cost()
         return self.cost
 
@@ -206,7 +235,7 @@ class Decoder:
 
         Like `generate`, an explicit ``eos_token_id=None`` disables stopping on EOS; leaving
         it out uses the model's generation config."""
-        with self._lock:
+        with self._lock, self.verifying():
             return self._generate(input_ids, attention_mask, max_new_tokens, max_length, eos_token_id,
                                   streamer, model_inputs)
 

@@ -1,0 +1,75 @@
+"""recap.linear_layout: linear layers against a transposed weight copy, chosen by measurement."""
+
+import pytest
+import recap
+import torch
+from recap import RecapConfig
+from recap.linear_layout import LinearLayout, choose
+from tiny_models import llava_inputs, text_model
+
+IDS = torch.tensor([[5, 9, 14, 21, 7, 33, 5, 9, 14, 21]])
+
+
+def test_layout_computes_the_same_outputs_and_restores_the_modules():
+    model = text_model("Llama")
+    with torch.no_grad():
+        want = model(input_ids=IDS).logits
+        layout = LinearLayout(model)
+        with layout:
+            with layout:  # nested use keeps it active until the outer exit
+                got = model(input_ids=IDS).logits
+            assert all("forward" in m.__dict__ for m in layout.modules)
+        assert all("forward" not in m.__dict__ for m in layout.modules)
+        assert torch.equal(model(input_ids=IDS).logits, want)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    weights = sum(m.weight.numel() * m.weight.element_size() for m in layout.modules)
+    assert layout.bytes == weights  # one transposed copy of every linear weight
+    layout.release()
+    assert layout.bytes == 0
+
+
+def test_layout_follows_weights_changed_in_place():
+    model = text_model("Qwen2")
+    layout = LinearLayout(model)
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        with layout:
+            before = model(input_ids=IDS).logits
+        saved = head.weight.clone()
+        head.weight.mul_(2.0)
+        try:
+            with layout:
+                got = model(input_ids=IDS).logits
+            want = model(input_ids=IDS).logits
+        finally:
+            head.weight.copy_(saved)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(got, before)
+
+
+def test_choose_measures_once_per_key_and_validates():
+    model = text_model("Mistral")
+    calls = []
+    probe = lambda: calls.append(1)  # noqa: E731
+    assert choose(model, probe, ("test", 1), "default") is None
+    assert isinstance(choose(model, probe, ("test", 1), "transposed"), LinearLayout)
+    assert calls == []  # explicit layouts are not measured
+    first = choose(model, probe, ("test", 2), "auto")
+    n = len(calls)
+    assert n >= 7  # a warm-up and three timings each way
+    again = choose(model, probe, ("test", 2), "auto")
+    assert len(calls) == n and (first is None) == (again is None)
+    with pytest.raises(ValueError, match="linear_layout: expected one of auto, default, transposed; got 'fast'"):
+        choose(model, probe, ("test", 3), "fast")
+
+
+@pytest.mark.parametrize("budget", [6, "auto"])
+def test_decoder_with_the_transposed_layout_equals_generate(budget):
+    model, inputs = llava_inputs([5, 9], [21, 7, 33, 5, 9, 21, 7, 33])
+    want = model.generate(**inputs, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    dec = recap.Decoder(model, RecapConfig(budget=budget), linear_layout="transposed")
+    assert dec.linear_layout_used == "transposed"
+    assert dec.generate(**inputs, max_new_tokens=20).tolist() == want.tolist()
+    assert all("forward" not in m.__dict__ for m in dec._layout.modules)  # only active inside generate
+    with pytest.raises(ValueError, match="linear_layout"):
+        recap.Decoder(model, linear_layout="fast")
