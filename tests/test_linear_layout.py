@@ -73,3 +73,14 @@ def test_decoder_with_the_transposed_layout_equals_generate(budget):
     assert all("forward" not in m.__dict__ for m in dec._layout.modules)  # only active inside generate
     with pytest.raises(ValueError, match="linear_layout"):
         recap.Decoder(model, linear_layout="fast")
+
+
+def test_auto_skips_a_copy_that_would_crowd_out_memory(monkeypatch):
+    import recap.linear_layout as layouts
+
+    model = text_model("Gemma")
+    calls = []
+    monkeypatch.setattr(layouts, "available_memory", lambda: 1024)
+    assert choose(model, lambda: calls.append(1), ("test", 4), "auto") is None
+    assert calls == []  # not even measured
+    assert isinstance(choose(model, lambda: calls.append(1), ("test", 4), "transposed"), LinearLayout)

@@ -12,6 +12,7 @@ measured per model, device, dtype and thread count on a real verification pass.
 
 from __future__ import annotations
 
+import os
 import time
 import types
 
@@ -21,7 +22,16 @@ import torch
 LAYOUTS = ("auto", "default", "transposed")
 GAIN = 0.95  # use the transposed layout only if a pass takes at most this share of the time
 PROBE_TOKENS = 12  # rows of the probe pass: a typical tree on a CPU
+MEMORY_SHARE = 0.5  # "auto" never spends more than this share of available memory on the copy
 _DECISIONS: dict[tuple, bool] = {}
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (Linux and macOS; unbounded where unknown)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -73,7 +83,8 @@ class LinearLayout:
 
 def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayout | None:
     """The layout to verify with: None for the model's own. "auto" measures `probe()` (one
-    verification pass) both ways on CPU models, once per `key`; other devices keep their own."""
+    verification pass) both ways on CPU models whose weight copy fits in MEMORY_SHARE of the
+    available memory, once per `key`; other devices keep their own."""
     if layout not in LAYOUTS:
         raise ValueError(f"linear_layout: expected one of {', '.join(LAYOUTS)}; got {layout!r}")
     if layout == "default":
@@ -83,6 +94,9 @@ def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayo
         return candidate
     if next(model.parameters()).device.type != "cpu" or not candidate.modules:
         return None
+    copy = sum(m.weight.numel() * m.weight.element_size() for m in candidate.modules)
+    if copy > MEMORY_SHARE * available_memory():
+        return None  # the copy would crowd out the rest of the machine: not worth a faster pass
     if key not in _DECISIONS:
         probe()  # warm-up (builds the probe's context)
         own, flipped = [], []
