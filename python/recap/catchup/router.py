@@ -292,9 +292,7 @@ class Router:
             anchors = (r.selected & (r.active_since <= sp)).nonzero().squeeze(1)
             if anchors.numel() == 0:
                 continue  # no anchor spans the interval: keep the stale state
-            then = r.snaps[sp][anchors] if sp in r.snaps else None
-            if then is None:
-                continue
+            then = r.snaps[sp][anchors]  # catchup snapshots every stage, so stage sp is there
             dist = grid_distances(r.coords, tokens, anchors, norm)
             rows = r.vis[tokens]
             states[rows] = transition_correct(states[rows], then, states[r.vis[anchors]], dist,
