@@ -84,3 +84,21 @@ def test_auto_skips_a_copy_that_would_crowd_out_memory(monkeypatch):
     assert choose(model, lambda: calls.append(1), ("test", 4), "auto") is None
     assert calls == []  # not even measured
     assert isinstance(choose(model, lambda: calls.append(1), ("test", 4), "transposed"), LinearLayout)
+
+
+def test_decoders_on_one_model_share_its_layout_and_survive_a_release():
+    from recap.linear_layout import layout_of
+
+    model, inputs = llava_inputs([5, 9], [21, 7, 33, 5, 9, 21, 7, 33])
+    want = model.generate(**inputs, do_sample=False, max_new_tokens=12, pad_token_id=0)
+    first = recap.Decoder(model, RecapConfig(budget=6), linear_layout="transposed")
+    second = recap.Decoder(model, RecapConfig(budget=4), linear_layout="transposed")
+    assert first._layout is second._layout is layout_of(model)
+    with second.verifying():  # another decoder's call ending must not switch it off here
+        assert first.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
+        assert all("forward" in m.__dict__ for m in layout_of(model).modules)
+        layout_of(model).release()  # ignored while active
+        assert layout_of(model).bytes > 0
+    layout_of(model).release()  # what an "auto" decoder that rejected the layout does
+    assert layout_of(model).bytes == 0
+    assert second.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()  # rebuilt on use

@@ -133,15 +133,16 @@ class Decoder:
             self.calibrate()
 
     def _probe(self):
-        """One verification pass of a typical tree size (built on first call)."""
-        passes = None
+        """One verification pass of a typical tree size; its context is built on the first
+        call, so a layout chosen without measuring costs nothing."""
+        passes, tokens = None, None
 
         def probe() -> None:
-            nonlocal passes
+            nonlocal passes, tokens
             if passes is None:
                 passes = ChainPasses(self.model, _ChainVerifier(self))
-                probe.tokens = passes.draw(layouts.PROBE_TOKENS)
-            passes.run(probe.tokens)
+                tokens = passes.draw(layouts.PROBE_TOKENS)
+            passes.run(tokens)
 
         return probe
 

@@ -13,6 +13,7 @@ measured per model, device, dtype and thread count on a real verification pass.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import types
 
@@ -24,6 +25,7 @@ GAIN = 0.95  # use the transposed layout only if a pass takes at most this share
 PROBE_TOKENS = 12  # rows of the probe pass: a typical tree on a CPU
 MEMORY_SHARE = 0.5  # "auto" never spends more than this share of available memory on the copy
 _DECISIONS: dict[tuple, bool] = {}
+_ATTR = "_recap_linear_layout"
 
 
 def available_memory() -> int:
@@ -40,12 +42,26 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 class LinearLayout:
-    """Context manager: while active, every `nn.Linear` of `model` runs as x @ W^T (copy)."""
+    """Context manager: while active, every `nn.Linear` of `model` runs as x @ W^T (copy).
+
+    One per model (`layout_of`), shared by every decoder on it: the copies live on the
+    modules, and activations nest and count across decoders and threads, so one decoder
+    finishing never switches the layout off under another."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.modules = [m for m in model.modules() if type(m) is torch.nn.Linear]
         self._versions: list[int] = []
         self._depth = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:  # copy.deepcopy(model) copies the layout with it
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @property
     def bytes(self) -> int:
@@ -61,24 +77,38 @@ class LinearLayout:
             self._versions = versions
 
     def __enter__(self) -> LinearLayout:
-        if self._depth == 0:
-            self._refresh()
-            for m in self.modules:
-                m.forward = types.MethodType(_forward, m)
-        self._depth += 1
+        with self._lock:
+            if self._depth == 0:
+                self._refresh()
+                for m in self.modules:
+                    m.forward = types.MethodType(_forward, m)
+            self._depth += 1
         return self
 
     def __exit__(self, *exc) -> None:
-        self._depth -= 1
-        if self._depth == 0:
-            for m in self.modules:
-                m.__dict__.pop("forward", None)
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                for m in self.modules:
+                    m.__dict__.pop("forward", None)
 
     def release(self) -> None:
-        """Drops the transposed copies."""
-        for m in self.modules:
-            m.__dict__.pop("_recap_wt", None)
-        self._versions = []
+        """Drops the transposed copies (unless active; the next activation rebuilds them)."""
+        with self._lock:
+            if self._depth:
+                return
+            for m in self.modules:
+                m.__dict__.pop("_recap_wt", None)
+            self._versions = []
+
+
+def layout_of(model: torch.nn.Module) -> LinearLayout:
+    """The model's one `LinearLayout`, created on first request."""
+    found = model.__dict__.get(_ATTR)
+    if found is None:
+        found = LinearLayout(model)
+        model.__dict__[_ATTR] = found
+    return found
 
 
 def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayout | None:
@@ -89,7 +119,7 @@ def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayo
         raise ValueError(f"linear_layout: expected one of {', '.join(LAYOUTS)}; got {layout!r}")
     if layout == "default":
         return None
-    candidate = LinearLayout(model)
+    candidate = layout_of(model)
     if layout == "transposed":
         return candidate
     if next(model.parameters()).device.type != "cpu" or not candidate.modules:
