@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: the 61 shipped easy-VQA questions)")
     c.add_argument("--limit", type=int, default=None, help="at most this many prompts")
     c.add_argument("--max-new-tokens", type=int, default=16, help="answer length with --model")
-    c.add_argument("--reps", type=int, default=5, help="timed prefills per case and prompt")
+    c.add_argument("--reps", type=int, default=5, help="timed prefills per case and prompt (at least 1)")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--out", default="catchup-out", help="folder for catchup.json and catchup.md")
     c.add_argument("--quiet", action="store_true")

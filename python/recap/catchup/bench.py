@@ -91,18 +91,19 @@ def run(model, prompts: list[dict], cases: list[Case], reps: int = 5,
     for p in prompts:
         _prefill(model, p["inputs"])  # warm-up
         times: dict[str, list[float]] = {r.case.label: [] for r in rows}
-        for rep in range(reps):
+        stats = {}
+        for rep in range(max(reps, 1)):
             order = rows[rep % len(rows):] + rows[:rep % len(rows)]
             for r in order:
-                with catchup.routed(model, r.case.config()):
+                with catchup.routed(model, r.case.config()) as router:
                     times[r.case.label].append(_prefill(model, p["inputs"]))
+                stats[r.case.label] = router.last_stats  # the same every repetition
         for r in rows:
-            with catchup.routed(model, r.case.config()) as router:
-                _prefill(model, p["inputs"])
-                r.stats.append(router.last_stats)
-                if answer is not None:
-                    r.answers.append(answer(p))
+            r.stats.append(stats[r.case.label])
             r.prefill_s.append(statistics.median(times[r.case.label]))
+            if answer is not None:
+                with catchup.routed(model, r.case.config()):
+                    r.answers.append(answer(p))
         if progress:
             print(".", end="", flush=True)
     if answer is not None:
