@@ -102,3 +102,38 @@ def test_decoders_on_one_model_share_its_layout_and_survive_a_release():
     layout_of(model).release()  # what an "auto" decoder that rejected the layout does
     assert layout_of(model).bytes == 0
     assert second.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()  # rebuilt on use
+
+
+def test_another_layout_on_the_model_cannot_take_the_shared_layouts_copies():
+    from recap.linear_layout import layout_of
+
+    model = text_model("Qwen2")
+    with torch.no_grad():
+        want = model(input_ids=IDS).logits
+        shared = layout_of(model)
+        with shared:  # builds its copies
+            model(input_ids=IDS)
+        other = LinearLayout(model)  # e.g. a user's own, or one from before a deepcopy
+        with other:
+            model(input_ids=IDS)
+        other.release()
+        assert other.bytes == 0 and shared.bytes > 0
+        with shared:  # its weights are unchanged, so it reuses its copies: they must still be there
+            got = model(input_ids=IDS).logits
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_an_active_layout_survives_deepcopy():
+    import copy
+
+    from recap.linear_layout import layout_of
+
+    model = copy.deepcopy(text_model("Llama"))
+    with torch.no_grad():
+        want = model(input_ids=IDS).logits
+        with layout_of(model):
+            twin = copy.deepcopy(model)
+        got = twin(input_ids=IDS).logits  # the copy's modules still run through their own copies
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert all(twin.get_submodule(n).forward.module is twin.get_submodule(n)
+               for n, m in twin.named_modules() if "forward" in m.__dict__)

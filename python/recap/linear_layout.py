@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import types
 
 import numpy as np
 import torch
@@ -36,20 +35,31 @@ def available_memory() -> int:
         return 1 << 62
 
 
-def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    y = x @ self._recap_wt
-    return y if self.bias is None else y + self.bias
+class _TransposedForward:
+    """A module's forward while its layout is active: x @ (a copy of W^T) + b. A plain
+    object rather than a closure, so that copy.deepcopy and pickle of an active model work."""
+
+    def __init__(self, module: torch.nn.Linear, wt: torch.Tensor) -> None:
+        self.module = module
+        self.wt = wt
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.wt
+        bias = self.module.bias
+        return y if bias is None else y + bias
 
 
 class LinearLayout:
     """Context manager: while active, every `nn.Linear` of `model` runs as x @ W^T (copy).
 
-    One per model (`layout_of`), shared by every decoder on it: the copies live on the
-    modules, and activations nest and count across decoders and threads, so one decoder
-    finishing never switches the layout off under another."""
+    One per model (`layout_of`), shared by every decoder on it: activations nest and count
+    across decoders and threads, so one decoder finishing never switches the layout off under
+    another. Each layout owns its copies, so another layout on the same model (or its release)
+    cannot take them away."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.modules = [m for m in model.modules() if type(m) is torch.nn.Linear]
+        self._copies: list[torch.Tensor] = []
         self._versions: list[int] = []
         self._depth = 0
         self._lock = threading.Lock()
@@ -65,23 +75,21 @@ class LinearLayout:
 
     @property
     def bytes(self) -> int:
-        return sum(m._recap_wt.numel() * m._recap_wt.element_size()
-                   for m in self.modules if hasattr(m, "_recap_wt"))
+        return sum(wt.numel() * wt.element_size() for wt in self._copies)
 
     def _refresh(self) -> None:
         versions = [m.weight._version for m in self.modules]
         if versions != self._versions:  # first use, or the weights were changed in place
             with torch.no_grad():
-                for m in self.modules:
-                    object.__setattr__(m, "_recap_wt", m.weight.detach().T.contiguous())
+                self._copies = [m.weight.detach().T.contiguous() for m in self.modules]
             self._versions = versions
 
     def __enter__(self) -> LinearLayout:
         with self._lock:
             if self._depth == 0:
                 self._refresh()
-                for m in self.modules:
-                    m.forward = types.MethodType(_forward, m)
+                for m, wt in zip(self.modules, self._copies, strict=True):
+                    m.forward = _TransposedForward(m, wt)
             self._depth += 1
         return self
 
@@ -97,8 +105,7 @@ class LinearLayout:
         with self._lock:
             if self._depth:
                 return
-            for m in self.modules:
-                m.__dict__.pop("_recap_wt", None)
+            self._copies = []
             self._versions = []
 
 
