@@ -29,7 +29,7 @@ run_tests() {
   cargo test --workspace --exclude recap-py
   "$PY" -m ruff check python tests tools
   set +e
-  "$PY" -m pytest -q tests "$@"
+  "$PY" -m pytest -q --durations=10 tests "$@"
   rc=$?
   set -e
   if [ "$rc" -eq 5 ]; then
