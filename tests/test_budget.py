@@ -88,6 +88,28 @@ def test_auto_decoder_calibrates_once_reports_and_equals_greedy():
     assert recap.Decoder(model, RecapConfig(budget=8)).cost is None  # a fixed budget: no calibration
 
 
+def test_cost_curves_belong_to_their_model_and_layout():
+    import copy
+    import gc
+    import weakref
+
+    from recap import budget
+
+    model = copy.deepcopy(text_model("Qwen2"))  # a model of its own, so it can be collected
+    default = recap.Decoder(model, linear_layout="default")
+    transposed = recap.Decoder(model, linear_layout="transposed")
+    assert default.cost is not transposed.cost  # timed in different layouts
+    assert recap.Decoder(model, linear_layout="transposed").cost is transposed.cost
+    other = copy.deepcopy(model)  # same shapes, device, dtype and threads: still its own curve
+    assert recap.Decoder(other, linear_layout="default").cost is not default.cost
+    held = len(budget._CACHE)
+    gone = weakref.ref(model)
+    del model, default, transposed
+    gc.collect()
+    assert gone() is None  # the caches do not keep a model alive, and its curves go with it
+    assert len(budget._CACHE) == held - 1 and other in budget._CACHE
+
+
 def test_a_noisy_point_does_not_flatten_the_curve():
     m = CostModel([1, 2, 4, 8], [0.010, 0.030, 0.014, 0.018])  # the 2-token pass hit noise
     c = m.curve(8)

@@ -11,6 +11,7 @@ the tree size of each step.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,30 +83,35 @@ def _monotone(y: np.ndarray) -> np.ndarray:
     return np.minimum.accumulate(np.asarray(y, dtype=np.float64)[::-1])[::-1]
 
 
-_CACHE: dict[tuple, CostModel] = {}
+# Measurements live with the model they were taken on (a weak reference: they go when it
+# goes, and a new model that happens to get a freed model's id() never inherits them).
+_CACHE: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, CostModel]] = weakref.WeakKeyDictionary()
 
 
 def model_key(model: torch.nn.Module) -> tuple:
+    """What a timing on `model` depends on besides the model itself: device, dtype, threads."""
     p = next(model.parameters())
-    return (id(model), str(p.device), str(p.dtype), torch.get_num_threads())
+    return (str(p.device), str(p.dtype), torch.get_num_threads())
 
 
-def cost_model(model: torch.nn.Module, verify, max_tokens: int, *, refresh: bool = False,
-               reps: int = 3) -> CostModel:
+def cost_model(model: torch.nn.Module, verify, max_tokens: int, *, variant: tuple = (),
+               refresh: bool = False, reps: int = 3) -> CostModel:
     """The cached cost model of `model` (measured now if missing, or if `refresh`).
 
     `verify(cache, past, tokens)` runs one verification pass of a [1, n] chain of tokens the
     way the decoder does; `new_cache()` comes with it as `verify.new_cache`, and the token
-    ids never to feed (image placeholders) as `verify.excluded`."""
-    key = model_key(model)
-    found = _CACHE.get(key)
+    ids never to feed (image placeholders) as `verify.excluded`. `variant` names anything
+    else the passes depend on (the linear layout they run in)."""
+    per_model = _CACHE.setdefault(model, {})
+    key = model_key(model) + tuple(variant)
+    found = per_model.get(key)
     if found is not None and not refresh and found.points[-1] >= min(max_tokens, POINTS[-1]):
         return found
     points = [p for p in POINTS if p < max_tokens] + [max_tokens]
     points = sorted(set(points))
     seconds = _measure(model, verify, points, reps)
-    _CACHE[key] = CostModel(points, seconds)
-    return _CACHE[key]
+    per_model[key] = CostModel(points, seconds)
+    return per_model[key]
 
 
 class ChainPasses:

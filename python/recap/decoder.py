@@ -157,7 +157,8 @@ class Decoder:
         model, device, dtype and thread count, and sizes trees with it from now on."""
         verify = _ChainVerifier(self)
         with self.verifying():
-            self.cost = cost_model(self.model, verify, self._drafter.max_nodes + 1, refresh=refresh)
+            self.cost = cost_model(self.model, verify, self._drafter.max_nodes + 1,
+                                   variant=(self.linear_layout_used,), refresh=refresh)
         self._push_cost()
         return self.cost
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -23,7 +24,8 @@ LAYOUTS = ("auto", "default", "transposed")
 GAIN = 0.95  # use the transposed layout only if a pass takes at most this share of the time
 PROBE_TOKENS = 12  # rows of the probe pass: a typical tree on a CPU
 MEMORY_SHARE = 0.5  # "auto" never spends more than this share of available memory on the copy
-_DECISIONS: dict[tuple, bool] = {}
+# Per model (weakly held, like the cost curves): model -> {key: use the transposed layout}.
+_DECISIONS: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, bool]] = weakref.WeakKeyDictionary()
 _ATTR = "_recap_linear_layout"
 
 
@@ -134,15 +136,16 @@ def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayo
     copy = sum(m.weight.numel() * m.weight.element_size() for m in candidate.modules)
     if copy > MEMORY_SHARE * available_memory():
         return None  # the copy would crowd out the rest of the machine: not worth a faster pass
-    if key not in _DECISIONS:
+    decisions = _DECISIONS.setdefault(model, {})
+    if key not in decisions:
         probe()  # warm-up (builds the probe's context)
         own, flipped = [], []
         for _ in range(3):
             own.append(_time(probe))
             with candidate:
                 flipped.append(_time(probe))
-        _DECISIONS[key] = float(np.median(flipped)) <= GAIN * float(np.median(own))
-    if _DECISIONS[key]:
+        decisions[key] = float(np.median(flipped)) <= GAIN * float(np.median(own))
+    if decisions[key]:
         return candidate
     candidate.release()
     return None
