@@ -52,10 +52,12 @@ def _compact_cache(cache, path: np.ndarray, tree_len: int) -> None:
             cache.crop(-drop)
         return
     # Move the accepted entries (few) into place right after the root, then crop the rest.
-    offsets = torch.as_tensor(path[1:])
+    idx, made_for = None, None
     for layer in cache.layers:
         base = layer.keys.shape[-2] - tree_len
-        idx = (offsets + base).to(layer.keys.device)
+        if made_for != (base, layer.keys.device):  # one index for every layer alike (the usual case)
+            idx = torch.as_tensor(base + path[1:], device=layer.keys.device)
+            made_for = (base, layer.keys.device)
         dst = slice(base + 1, base + accepted)
         layer.keys[..., dst, :] = layer.keys.index_select(-2, idx)
         layer.values[..., dst, :] = layer.values.index_select(-2, idx)
@@ -153,8 +155,8 @@ class Decoder:
 
     # ---- hardware-aware budget ----------------------------------------------------------
     def calibrate(self, refresh: bool = False) -> CostModel:
-        """Measures (or takes from the process cache) the verification cost curve c(n) of this
-        model, device, dtype and thread count, and sizes trees with it from now on."""
+        """Measures (or takes from the model's cache) the verification cost curve c(n) of this
+        model, device, dtype, thread count and linear layout, and sizes trees with it from now on."""
         verify = _ChainVerifier(self)
         with self.verifying():
             self.cost = cost_model(self.model, verify, self._drafter.max_nodes + 1,
