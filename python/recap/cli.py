@@ -155,6 +155,7 @@ def catchup_bench(args: argparse.Namespace) -> int:
 
     import torch
 
+    from recap.bench import machine
     from recap.catchup import bench as cb
 
     if args.threads:
@@ -191,8 +192,6 @@ def catchup_bench(args: argparse.Namespace) -> int:
           f"{torch.get_num_threads()} threads")
     table = cb.summary(cb.run(model, prompts, cases, reps=args.reps, answer=answer, progress=not args.quiet))
     print(cb.markdown(table))
-    from recap.bench import machine
-
     written = cb.save(Path(args.out), table, {"model": name, "prompts": len(prompts), "reps": args.reps,
                                               "machine": machine()})
     print("\nwrote " + ", ".join(str(p) for p in written))
