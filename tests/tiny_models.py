@@ -36,6 +36,47 @@ def text_model(arch: str):
     return model_cls(cfg_cls(**_text(**extra))).to(torch.float64).eval()
 
 
+WINDOW = 16  # sliding-window families get a window this short, so tests run far past it
+_MIXED = ["sliding_attention", "full_attention", "sliding_attention"]
+_EAGER_EXPERTS = {"experts_implementation": "eager"}  # grouped GEMMs take no float64
+# Text families: (config class, model class, config overrides; "layers" sets the depth).
+TEXT_FAMILIES = {
+    "Llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "Qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
+              dict(layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
+    "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+              dict(layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, head_dim=16)),
+    "Qwen3-MoE": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16, **_EAGER_EXPERTS)),
+    "Mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=WINDOW)),
+    "Ministral": ("MinistralConfig", "MinistralForCausalLM",
+                  dict(layers=3, head_dim=16, sliding_window=WINDOW, layer_types=_MIXED)),
+    "Gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16)),
+    "Gemma 2": ("Gemma2Config", "Gemma2ForCausalLM", dict(layers=3, head_dim=16, sliding_window=WINDOW)),
+    "Gemma 3 (text)": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                       dict(layers=3, head_dim=16, sliding_window=WINDOW, layer_types=_MIXED)),
+    "Phi-3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=WINDOW)),
+    "OLMo 2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    "Granite": ("GraniteConfig", "GraniteForCausalLM", {}),
+    "SmolLM3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(layers=4)),
+    "GPT-OSS": ("GptOssConfig", "GptOssForCausalLM",
+                dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW, head_dim=16, **_EAGER_EXPERTS)),
+    "Cohere 2": ("Cohere2Config", "Cohere2ForCausalLM", dict(layers=3, sliding_window=WINDOW, layer_types=_MIXED)),
+}
+
+
+@cache
+def text_family(name: str):
+    import transformers
+
+    cfg_name, model_name, extra = TEXT_FAMILIES[name]
+    extra = dict(extra)
+    layers = extra.pop("layers", 2)
+    torch.manual_seed(0)
+    cfg = getattr(transformers, cfg_name)(**_text(layers, bos_token_id=0, eos_token_id=1, pad_token_id=0, **extra))
+    return getattr(transformers, model_name)(cfg).to(torch.float64).eval()
+
+
 @cache
 def qwen25_vl(layers: int = 2, side: int = 112):
     """Images are resized to at most side x side pixels: (side / 28)^2 visual tokens."""

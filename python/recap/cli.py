@@ -66,14 +66,15 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if all(r[1] for r in rows) else 1
 
 
-def _load_local(path: str, vlm_classes: tuple[str, ...]):
+def _load_local(path: str):
     """(model, tokenizer, encode, is_vision) of a local model folder. Vision-language models
     get their processor; an image prompt's image goes first in the user turn."""
     import torch
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(path)
-    if any(a in vlm_classes for a in (getattr(cfg, "architectures", None) or [])):
+    from recap.adapters import is_vision_language
+
+    if is_vision_language(AutoConfig.from_pretrained(path)):
         from PIL import Image
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -118,11 +119,9 @@ def bench(args: argparse.Namespace) -> int:
         model_name = "SmolLM2-135M-Instruct (float32)"
         encode = lambda messages, image: _encode(tok, messages)  # noqa: E731
     else:
-        from recap.adapters import VLM_MODELS
-
         if args.threads:
             torch.set_num_threads(args.threads)
-        model, tok, encode, vision = _load_local(args.model, VLM_MODELS)
+        model, tok, encode, vision = _load_local(args.model)
         model_name = args.model
     print(f"loaded {model_name} ({torch.get_num_threads()} threads) in {time.perf_counter() - t0:.1f} s")
     prompts = load_prompts(args.prompts, sets=args.sets, per_set=args.per_set, images=vision)
@@ -168,11 +167,11 @@ def catchup_bench(args: argparse.Namespace) -> int:
         prompts = [{"inputs": cb.tiny_inputs(model, img, [17 + i, 40, 23, 88, 2])} for i, img in enumerate(images)]
         name = "tiny random LLaVA-1.5-shaped model (32 layers, hidden 256, 576 visual tokens)"
     else:
-        from recap.adapters import VLM_MODELS
+        from recap.adapters.base import routed_families
 
-        model, tok, encode, vision = _load_local(args.model, VLM_MODELS)
+        model, tok, encode, vision = _load_local(args.model)
         if not vision:
-            print(f"--model: expected a vision-language model ({', '.join(VLM_MODELS)})", file=sys.stderr)
+            print(f"--model: expected a vision-language model ({', '.join(routed_families())})", file=sys.stderr)
             return 2
         qfile = Path(args.questions) if args.questions else Path(__file__).parent / "data" / "easy_vqa_questions.jsonl"
         rows = [json.loads(line) for line in qfile.read_text().splitlines() if line.strip()][: args.limit]

@@ -8,7 +8,6 @@ accept + update (Rust) -> compact the KV cache -> commit tokens. The output equa
 from __future__ import annotations
 
 import contextlib
-import inspect
 import threading
 import time
 from typing import Any
@@ -20,6 +19,7 @@ from recap import drafters
 from recap import linear_layout as layouts
 from recap._core import PersistentMemory
 from recap.adapters import ModelAdapter, adapter_for
+from recap.adapters.conformance import probe
 from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.catchup import router_of
 from recap.config import RecapConfig
@@ -30,66 +30,23 @@ PREFILL_SEED_CHUNK = 256  # prompt positions per LM-head chunk when seeding (bou
 COST_PUSH_EVERY = 16  # steps between refreshes of the cost curve the drafter sizes trees with
 
 
-def _cache_keyword(model: torch.nn.Module) -> str:
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _new_cache(model: torch.nn.Module):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
-
-
-def _compact_cache(cache, path: np.ndarray, tree_len: int) -> None:
-    """Keep the prefix, the root and the accepted nodes of the tree just verified. The tree
-    is the last `tree_len` entries of every layer; layers may hold prefixes of different
-    lengths (visual-token routing keeps fewer prompt tokens in deeper layers)."""
-    accepted = len(path)
-    if np.array_equal(path, np.arange(accepted)):
-        drop = tree_len - accepted
-        if drop:
-            cache.crop(-drop)
-        return
-    # Move the accepted entries (few) into place right after the root, then crop the rest.
-    idx, made_for = None, None
-    for layer in cache.layers:
-        base = layer.keys.shape[-2] - tree_len
-        if made_for != (base, layer.keys.device):  # one index for every layer alike (the usual case)
-            idx = torch.as_tensor(base + path[1:], device=layer.keys.device)
-            made_for = (base, layer.keys.device)
-        dst = slice(base + 1, base + accepted)
-        layer.keys[..., dst, :] = layer.keys.index_select(-2, idx)
-        layer.values[..., dst, :] = layer.values.index_select(-2, idx)
-    cache.crop(-(tree_len - accepted))
-
-
-def _tree_attention_mask(tree_mask: torch.Tensor, past: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive 4D mask [1, 1, T, past + T]: every node sees the whole committed prefix and,
-    within the tree, its ancestors and itself (`tree_mask`, a T x T bool matrix)."""
-    n = tree_mask.shape[0]
-    mask = torch.zeros(1, 1, n, past + n, dtype=dtype, device=tree_mask.device)
-    mask[0, 0, :, past:].masked_fill_(~tree_mask, torch.finfo(dtype).min)
-    return mask
-
-
 class _ChainVerifier:
     """Runs verification passes over chains of n tokens exactly as decoding steps do (for
     measuring the cost curve)."""
 
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
-        self.cache_kw = decoder._cache_kw
-        self.new_cache = lambda: _new_cache(decoder.model)
+        self.cache_kw = decoder.adapter.cache_keyword
+        self.new_cache = decoder.adapter.new_cache
         self.excluded = decoder.adapter.excluded
 
     def __call__(self, cache, past: int, tokens: torch.Tensor) -> np.ndarray:
         d = self.decoder
         n = tokens.shape[1]
         chain = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
-        mask = _tree_attention_mask(chain, past, next(d.model.parameters()).dtype)
-        positions = d.adapter.tree_positions(past, torch.arange(n, device=tokens.device))
-        return d._forward_packed(cache, tokens, mask, positions)
+        depths = torch.arange(n, device=tokens.device)
+        mask = d.adapter.attention_mask(chain, depths, past, d.adapter.dtype)
+        return d._forward_packed(cache, tokens, mask, d.adapter.tree_positions(past, depths))
 
 
 class Decoder:
@@ -113,7 +70,8 @@ class Decoder:
                  linear_layout: str = "auto") -> None:
         self.model = model
         self.config = config if config is not None else RecapConfig()
-        self.adapter: ModelAdapter = adapter_for(model)
+        self.adapter: ModelAdapter = adapter_for(model)  # refuses what cannot be tree-verified, naming why
+        probe(self.adapter)  # tree passes equal one-token passes on this model (once per model)
         vocab = self.adapter.vocab_size
         if memory is not None and (memory.vocab_size != vocab or memory.k != self.config.k):
             raise ValueError(
@@ -125,7 +83,6 @@ class Decoder:
         self._drafter = drafters.build(drafter, vocab, self.config, memory, self.adapter.excluded)
         self.memory: PersistentMemory | None = self._drafter.memory
         self._lock = threading.Lock()
-        self._cache_kw = _cache_keyword(model)
         self.last_stats: GenerationStats | None = None
         self.cost: CostModel | None = None
         self._host_s = 0.0  # running mean of the host time per step, added to every pass's cost
@@ -171,9 +128,7 @@ class Decoder:
     def _forward_packed(self, cache, tokens, mask, positions) -> np.ndarray:
         """One verification pass: logits of every tree node, reduced on the device to the
         argmax and top-k, copied to the host in one transfer."""
-        kw = {self._cache_kw: cache, "use_cache": True}
-        logits = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits[0]
-        return self._topk_packed(logits, self.config.k)
+        return self._topk_packed(self.adapter.forward(cache, tokens, mask, positions), self.config.k)
 
     # ---- validation -------------------------------------------------------------------
     def _check_request(self, input_ids: Any, max_new_tokens: int | None, max_length: int | None,
@@ -220,13 +175,6 @@ class Decoder:
             max_new_tokens = min(max_new_tokens, max_length - prompt_len)
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens: expected a positive int (after max_length), got {max_new_tokens!r}")
-        window = self.adapter.sliding_window
-        worst = prompt_len + max_new_tokens + self._drafter.max_nodes + 1
-        if window is not None and worst > window:
-            raise NotImplementedError(
-                f"this model uses sliding-window attention (window {window}); recap.Decoder supports it only "
-                f"while prompt + max_new_tokens + tree fits the window, got up to {worst} tokens"
-            )
         return input_ids, max_new_tokens
 
     # ---- the loop ---------------------------------------------------------------------
@@ -258,8 +206,11 @@ class Decoder:
         prompt = input_ids[0].tolist()
 
         drafter = self._drafter
-        cache = _new_cache(model)
+        adapter = self.adapter
+        cache = adapter.new_cache()
+        adapter.before_prefill()
         first, seed_ids, seed_probs = self._prefill(input_ids, attention_mask, cache, model_inputs)
+        offset = adapter.position_offset()
         stats.prefill_s = time.perf_counter() - t_start
         router = router_of(model)
         if router is not None and router.last_stats is not None:
@@ -274,7 +225,7 @@ class Decoder:
             drafter.begin(np.asarray(prompt + [first], dtype=np.int64))
             drafter.seed(seed_ids, seed_probs)
         past = len(prompt)
-        dtype = next(model.parameters()).dtype
+        dtype = adapter.dtype
         k = self.config.k
         phase = stats.phase_s
         while not done:
@@ -284,8 +235,8 @@ class Decoder:
             n = len(tree)
             tokens = torch.from_numpy(tree.tokens).to(device).unsqueeze(0)
             depths = torch.from_numpy(tree.depths).to(device)
-            mask = _tree_attention_mask(torch.from_numpy(tree.mask).to(device), past, dtype)
-            positions = self.adapter.tree_positions(past, depths)
+            mask = adapter.attention_mask(torch.from_numpy(tree.mask).to(device), depths, past, dtype)
+            positions = adapter.tree_positions(past, depths, offset)
             t2 = time.perf_counter()
             packed = self._forward_packed(cache, tokens, mask, positions)
             t3 = time.perf_counter()
@@ -294,7 +245,7 @@ class Decoder:
             probs = np.ascontiguousarray(packed[:, 1 + k:])
             path, committed = drafter.observe(pred, ids, probs)
             t4 = time.perf_counter()
-            _compact_cache(cache, path, n)
+            adapter.compact_cache(cache, path, n)
             past += len(path)
             t5 = time.perf_counter()
             new = committed.tolist()
@@ -354,7 +305,7 @@ class Decoder:
         handle = norm.register_forward_hook(lambda _m, _i, o: captured.append(o)) if norm is not None else None
         try:
             out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                             **{self._cache_kw: cache}, use_cache=True, logits_to_keep=1, **model_inputs)
+                             **{self.adapter.cache_keyword: cache}, use_cache=True, logits_to_keep=1, **model_inputs)
         finally:
             if handle is not None:
                 handle.remove()
@@ -364,7 +315,7 @@ class Decoder:
             empty = np.zeros((0, k))
             return first, empty.astype(np.int64), empty.astype(np.float32)
         hidden = captured[-1][0]
-        head = self.model.get_output_embeddings()
+        head = self.adapter.lm_head
         ids_chunks, prob_chunks = [], []
         for s in range(0, hidden.shape[0], PREFILL_SEED_CHUNK):
             logits = head(hidden[s:s + PREFILL_SEED_CHUNK])

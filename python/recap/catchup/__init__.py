@@ -21,7 +21,7 @@ import torch
 
 from recap.catchup.config import MODES, CatchUpConfig
 from recap.catchup.ltc import grid_distances, transition_correct
-from recap.catchup.router import SUPPORTED, Router, RoutingStats
+from recap.catchup.router import Router, RoutingStats
 from recap.catchup.scoring import last_token_attention
 
 _ATTR = "_recap_catchup_router"
@@ -67,5 +67,5 @@ def routed(model: torch.nn.Module, config: CatchUpConfig | None = None, **settin
         disable(model)
 
 
-__all__ = ["MODES", "SUPPORTED", "CatchUpConfig", "Router", "RoutingStats", "disable", "enable",
+__all__ = ["MODES", "CatchUpConfig", "Router", "RoutingStats", "disable", "enable",
            "grid_distances", "last_token_attention", "router_of", "routed", "transition_correct"]

@@ -24,12 +24,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from recap.adapters import adapter_for
 from recap.catchup.config import CatchUpConfig
 from recap.catchup.ltc import grid_distances, transition_correct
 from recap.catchup.scoring import last_token_attention
 
-SUPPORTED = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
-             "Qwen2_5_VLForConditionalGeneration")
 _NEVER = 1 << 30  # active_since of a deferred token
 
 
@@ -100,21 +99,17 @@ class Router:
     """Routes the visual tokens of every prompt a model runs (see `recap.catchup.enable`)."""
 
     def __init__(self, model: torch.nn.Module, config: CatchUpConfig):
-        name = type(model).__name__
-        if name not in SUPPORTED:
-            raise TypeError(f"recap.catchup supports {', '.join(SUPPORTED)}; got a {name}")
+        adapter = adapter_for(model)
+        adapter.require_routing()
         self.model = model
         self.config = config
-        self.lm = model.model.language_model
+        self.adapter = adapter
+        self.lm = adapter.language_model
         self.layers = list(self.lm.layers)
         self.num_layers = len(self.layers)
         self.routing = config.routing_layers(self.num_layers)
         self.stage_of = {layer: s for s, layer in enumerate(self.routing)}
-        token = getattr(model.config, "image_token_id", None)
-        if token is None:
-            token = getattr(model.config, "image_token_index", None)
-        self.image_token = int(token)
-        self.merge = int(getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", 1) or 1)
+        self.image_token = int(adapter.image_token_id)
         self.frozen: list[list[int]] | None = None
         self.last_stats: RoutingStats | None = None
         self._req: _Request | None = None
@@ -156,31 +151,9 @@ class Router:
             self.last_stats = self._stats(length, n, None)
             return None
         ks = self.config.stage_ks(n, self.num_layers, self.routing)
-        coords = self._coords(n, kwargs.get("image_grid_thw")).to(ids.device)
+        coords = self.adapter.visual_grid(n, kwargs).to(ids.device)
         self._req = _Request(length, vis, coords, ks, self.num_layers)
         return None
-
-    def _coords(self, n: int, grid_thw) -> torch.Tensor:
-        """(image, row, col) of every visual token on its patch grid."""
-        parts = []
-        if grid_thw is not None:
-            img = 0
-            for t, h, w in grid_thw.tolist():
-                hh, ww = h // self.merge, w // self.merge
-                for _ in range(t):
-                    r, c = torch.meshgrid(torch.arange(hh), torch.arange(ww), indexing="ij")
-                    parts.append(torch.stack([torch.full_like(r, img), r, c], -1).reshape(-1, 3))
-                    img += 1
-        coords = torch.cat(parts) if parts else torch.zeros(0, 3, dtype=torch.long)
-        if coords.shape[0] != n:
-            side = math.isqrt(n)
-            if side * side == n:  # LLaVA: one square grid
-                r, c = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
-                coords = torch.stack([torch.zeros_like(r), r, c], -1).reshape(-1, 3)
-            else:  # e.g. LLaVA-NeXT tiles with row breaks: distance along the sequence
-                i = torch.arange(n)
-                coords = torch.stack([torch.zeros_like(i), torch.zeros_like(i), i], -1)
-        return coords
 
     def _norm(self, coords: torch.Tensor) -> float:
         h = float(coords[:, 1].max()) if coords.numel() else 0.0

@@ -1,0 +1,65 @@
+"""What a model must be for tree verification, decided from the model, not its class name:
+decoder-only attention whose cache holds one key/value entry per token (so rejected tree
+entries can be cropped and accepted ones gathered), honouring a 4D additive mask and
+explicit position ids. The last two are checked by the conformance probe on first use;
+the structural part is checked here, up front, with the reason named."""
+
+from __future__ import annotations
+
+import torch
+
+from recap.adapters.base import ATTENTION_TYPES, layer_types, text_config
+
+# Families whose layers keep a recurrent, state-space or convolution state: a tree pass would
+# fold every branch into one state, and a rejected draft cannot be rolled back out of it.
+RECURRENT = {
+    "mamba": "Mamba state-space layers", "mamba2": "Mamba-2 state-space layers",
+    "falcon_mamba": "Mamba state-space layers", "jamba": "Mamba state-space layers (Jamba hybrid)",
+    "falcon_h1": "Mamba-2 state-space layers (Falcon-H1 hybrid)", "bamba": "Mamba-2 state-space layers",
+    "zamba": "Mamba state-space layers", "zamba2": "Mamba-2 state-space layers",
+    "granitemoehybrid": "Mamba-2 state-space layers", "nemotron_h": "Mamba-2 state-space layers",
+    "plamo2": "Mamba state-space layers", "rwkv": "RWKV recurrent layers", "xlstm": "xLSTM recurrent layers",
+    "recurrent_gemma": "RG-LRU recurrent layers", "lfm2": "short convolution layers (LFM2)",
+    "lfm2_moe": "short convolution layers (LFM2)", "lfm2_vl": "short convolution layers (LFM2)",
+    "qwen3_next": "Gated DeltaNet linear-attention layers", "qwen3_5": "Gated DeltaNet linear-attention layers",
+    "qwen3_5_moe": "Gated DeltaNet linear-attention layers", "minimax": "lightning (linear) attention layers",
+    "kimi_linear": "linear-attention layers",
+}
+WHY_STATE = ("their state cannot be rolled back to the accepted path of a draft tree, nor can it see "
+             "a tree attention mask")
+
+
+class UnsupportedModelError(TypeError):
+    """The model cannot be verified with draft trees; the message says why."""
+
+
+def check_structure(model: torch.nn.Module) -> None:
+    """Raises `UnsupportedModelError` naming the reason when `model` cannot be tree-verified."""
+    name = type(model).__name__
+    cfg = getattr(model, "config", None)
+    if cfg is None or not callable(getattr(model, "get_output_embeddings", None)) \
+            or model.get_output_embeddings() is None:
+        raise UnsupportedModelError(
+            f"recap.Decoder expects a transformers model with a language-model head (a ...ForCausalLM or "
+            f"...ForConditionalGeneration); got a {name} without one")
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise UnsupportedModelError(
+            f"{name} is an encoder-decoder model; recap.Decoder verifies draft trees in decoder-only models")
+    tcfg = text_config(model)
+    for model_type in {getattr(cfg, "model_type", None), getattr(tcfg, "model_type", None)}:
+        if model_type in RECURRENT:
+            raise UnsupportedModelError(
+                f"{name} (model_type {model_type!r}) has {RECURRENT[model_type]}: {WHY_STATE}")
+    types = layer_types(tcfg)
+    other = sorted({t for t in types if t not in ATTENTION_TYPES and t != "dummy"})
+    if "chunked_attention" in other:
+        raise UnsupportedModelError(
+            f"{name} uses chunked attention (layer types {other}); recap.Decoder handles full and "
+            "sliding-window attention layers only")
+    if other:
+        raise UnsupportedModelError(f"{name} has {', '.join(other)} layers: {WHY_STATE}")
+    if getattr(tcfg, "kv_sharing_modes", None) is not None or getattr(tcfg, "num_kv_shared_layers", 0):
+        raise UnsupportedModelError(
+            f"{name} shares key/value caches between layers; recap.Decoder needs one cache per attention layer")
+    if not any(t in ATTENTION_TYPES for t in types):
+        raise UnsupportedModelError(f"{name} has no attention layers (layer types {sorted(set(types))})")

@@ -1,0 +1,150 @@
+"""The conformance probe: on first use of a model, one small draft tree is verified in a
+single pass and compared with the same tokens fed one at a time through the model's own
+cache (what `generate` does), and the cache is compacted to a side branch and decoded one
+more token. A model that ignores the tree mask, the explicit positions or the compaction
+is refused with the reason, instead of decoding wrong text.
+
+Tree (preorder):  r -> a -> b -> c   and   r -> d -> e;  after the pass, keep r, d, e and
+decode f. When the model has a short sliding window, the context is longer than the window,
+so the window's edge is crossed inside the tree.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+
+from recap.adapters.base import ModelAdapter
+from recap.adapters.capability import UnsupportedModelError
+
+PARENTS = [-1, 0, 1, 2, 0, 4]
+DEPTHS = [0, 1, 2, 3, 1, 2]
+CHAIN = 4  # r, a, b, c: the first nodes of the preorder form one path
+KEEP = np.array([0, 4, 5])  # r, d, e
+# Logit tolerance relative to the largest logit, by dtype: a tree pass rounds differently
+# from one-token passes (other matrix shapes), more so in reduced precision; some float64
+# models still take a float32 softmax (Gemma 2), hence 1e-6 there.
+TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 2e-2}
+
+_PASSED: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
+
+
+def _tree_mask() -> torch.Tensor:
+    n = len(PARENTS)
+    m = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(PARENTS):
+        if p >= 0:
+            m[i] |= m[p]
+    return m
+
+
+def _tokens(adapter: ModelAdapter, n: int) -> list[int]:
+    gen = torch.Generator().manual_seed(1234)
+    bad = set(adapter.excluded)
+    out: list[int] = []
+    while len(out) < n:
+        t = int(torch.randint(3, max(adapter.vocab_size - 1, 4), (1,), generator=gen))
+        if t not in bad:
+            out.append(t)
+    return out
+
+
+def _one_at_a_time(adapter: ModelAdapter, context: list[int], tail: list[int], device) -> torch.Tensor:
+    """Logits after each token of `tail`, fed one at a time after `context`, as generate does."""
+    from transformers import DynamicCache
+
+    model = adapter.model
+    cache = DynamicCache(config=model.config)
+    kw = {adapter.cache_keyword: cache, "use_cache": True}
+    model(input_ids=torch.tensor([context], device=device), **kw)
+    rows = []
+    for t in tail:
+        rows.append(model(input_ids=torch.tensor([[t]], device=device), **kw).logits[0, -1])
+    return torch.stack(rows).double()
+
+
+def _tree_pass(adapter: ModelAdapter, cache, past: int, tokens: list[int], shift: int = 0) -> torch.Tensor:
+    device = adapter.lm_head.weight.device
+    depths = torch.tensor(DEPTHS, device=device)
+    mask = adapter.attention_mask(_tree_mask().to(device), depths, past, adapter.dtype)
+    positions = adapter.tree_positions(past, depths) + shift
+    return adapter.forward(cache, torch.tensor([tokens], device=device), mask, positions).double()
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
+    tol = TOLERANCE.get(dtype, 1e-3) * max(1.0, float(b.abs().max()))
+    if float((a - b).abs().max()) > tol:
+        return False
+    # Argmax must agree unless the reference's top two are within the tolerance (a near tie).
+    top2 = b.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > tol
+    return bool((a.argmax(-1) == b.argmax(-1))[clear].all())
+
+
+@torch.no_grad()
+def probe(adapter: ModelAdapter) -> None:
+    """Raises `UnsupportedModelError` naming what failed; passes once per model and dtype."""
+    model = adapter.model
+    key = (adapter.dtype, str(adapter.lm_head.weight.device))
+    if _PASSED.get(model) == key:
+        return
+    device = adapter.lm_head.weight.device
+    window = adapter.sliding_window
+    n_ctx = window + 2 if window is not None and window <= 48 else 8
+    toks = _tokens(adapter, n_ctx + 7)
+    context, tree, f = toks[:n_ctx], toks[n_ctx:n_ctx + 6], toks[-1]
+    name = type(model).__name__
+    path_a = [tree[i] for i in (0, 1, 2, 3)]
+    path_d = [tree[i] for i in (0, 4, 5)] + [f]
+    adapter.before_prefill()
+    along_d = _one_at_a_time(adapter, context, path_d, device)  # r, d, e, f
+    adapter.before_prefill()
+    want = torch.cat([_one_at_a_time(adapter, context, path_a, device), along_d[1:3]])  # preorder
+    want_f = along_d[3:]
+    adapter.before_prefill()
+    cache = adapter.new_cache()
+    kw = {adapter.cache_keyword: cache, "use_cache": True}
+    try:
+        model(input_ids=torch.tensor([context], device=device), **kw)
+        got = _tree_pass(adapter, cache, n_ctx, tree)
+    except Exception as e:  # noqa: BLE001 - any failure here means the model cannot take a tree pass
+        raise UnsupportedModelError(
+            f"{name}: a draft-tree verification pass (4D additive mask, explicit position ids) failed: "
+            f"{type(e).__name__}: {e}") from e
+    dt = adapter.dtype
+    if not _close(got, want, dt):
+        shifted = _tree_pass(adapter, _recrop(cache, len(tree)), n_ctx, tree, shift=7)
+        if torch.equal(shifted, got):
+            raise UnsupportedModelError(
+                f"{name} ignores explicit position ids: a tree pass gave the same logits at shifted positions")
+        if _close(got[:CHAIN], want[:CHAIN], dt):
+            raise UnsupportedModelError(
+                f"{name} ignores the 4D tree attention mask: nodes on a side branch saw the other branch "
+                "(their logits differ from one-token decoding while the first path's match)")
+        diff = float((got - want).abs().max())
+        raise UnsupportedModelError(
+            f"{name}: a draft-tree pass does not reproduce one-token decoding (max logit difference {diff:.3g} "
+            f"in {dt}); its attention may not honour a 4D additive mask")
+    try:
+        adapter.compact_cache(cache, KEEP, len(tree))
+        depths = torch.zeros(1, dtype=torch.long, device=device)
+        past = n_ctx + len(KEEP)
+        mask = adapter.attention_mask(torch.ones(1, 1, dtype=torch.bool, device=device), depths, past, dt)
+        got_f = adapter.forward(cache, torch.tensor([[f]], device=device), mask,
+                                adapter.tree_positions(past, depths)).double()
+    except Exception as e:  # noqa: BLE001
+        raise UnsupportedModelError(
+            f"{name}: its KV cache cannot be compacted to the accepted path (crop and gather): "
+            f"{type(e).__name__}: {e}") from e
+    if not _close(got_f, want_f, dt):
+        raise UnsupportedModelError(
+            f"{name}: after compacting its KV cache to the accepted path, decoding differs from one-token "
+            "decoding (the cache is not croppable per token)")
+    _PASSED[model] = key
+
+
+def _recrop(cache, n: int):
+    cache.crop(-n)
+    return cache
