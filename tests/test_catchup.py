@@ -1,4 +1,4 @@
-"""recap.catchup: visual-token routing on tiny random LLaVA and Qwen2.5-VL models with real images.
+"""recap.catchup: visual-token routing on tiny random LLaVA, Qwen2-VL and Qwen2.5-VL models with real images.
 
 The compact routed path is checked against slow references that run every token through
 every layer with a 4D mask hiding deferred keys (deferred rows copied through), against
@@ -15,7 +15,15 @@ import recap.catchup as catchup
 import torch
 from recap import RecapConfig
 from recap.catchup import CatchUpConfig, last_token_attention, transition_correct
-from tiny_models import IMAGE_TOKEN, llava_inputs, llava_next_inputs, qwen25_vl_inputs, text_model
+from tiny_models import (
+    IMAGE_TOKEN,
+    gemma3_vl_inputs,
+    llava_inputs,
+    llava_next_inputs,
+    qwen25_vl_inputs,
+    qwen_vl_inputs,
+    text_model,
+)
 
 LAYERS = 8
 PREFIX, SUFFIX = [5, 9, 14], [21, 7, 33, 8, 51, 12]
@@ -29,7 +37,11 @@ def qwen_case(prefix=PREFIX, suffix=SUFFIX):
     return qwen25_vl_inputs(prefix, suffix, layers=LAYERS, side=224)  # a 7x10 grid of merged patches
 
 
-CASES = {"llava": llava_case, "qwen2.5-vl": qwen_case}
+def qwen2_case(prefix=PREFIX, suffix=SUFFIX):
+    return qwen_vl_inputs(prefix, suffix, layers=LAYERS, side=224, family="qwen2_vl")
+
+
+CASES = {"llava": llava_case, "qwen2.5-vl": qwen_case, "qwen2-vl": qwen2_case}
 arch = pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 
 
@@ -344,6 +356,9 @@ def test_bad_settings_are_rejected_at_enable(settings, fragment):
 def test_unsupported_models_and_batches_are_refused():
     with pytest.raises(TypeError, match="does not route LlamaForCausalLM.*routed families: llava, llava_next, qwen2_5"):
         catchup.enable(text_model("Llama"), budget=8)
+    gemma3, _ = gemma3_vl_inputs([5], [6])  # sliding-window layers and bidirectional image attention: not routed
+    with pytest.raises(TypeError, match="does not route Gemma3ForConditionalGeneration"):
+        catchup.enable(gemma3, budget=8)
     model, inputs = llava_case()
     catchup.enable(model, budget=16)
     batch = {k: torch.cat([v, v]) for k, v in inputs.items()}

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recap import RecapConfig
 from recap.adapters import UnsupportedModelError, adapter_for
-from tiny_models import TEXT_FAMILIES, WINDOW, V, text_family
+from tiny_models import TEXT_FAMILIES, VLM_FAMILIES, WINDOW, V, text_family
 
 SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 plain_tokens = st.integers(3, V - 1)
-prompts = st.lists(plain_tokens, min_size=1, max_size=10).flatmap(
+prompts = st.lists(plain_tokens.filter(lambda t: not 100 <= t <= 103), min_size=1, max_size=10).flatmap(
     lambda base: st.lists(st.sampled_from(base), min_size=1, max_size=30))
 budgets = st.one_of(st.just("auto"), st.integers(0, 40))
 
@@ -34,6 +34,19 @@ def equal_to_generate(model, prompt, max_new, drafter="recap", config=None):
 @given(prompt=prompts, max_new=st.integers(1, 40), drafter=st.sampled_from(sorted(recap.DRAFTERS)), budget=budgets)
 def test_text_families_equal_greedy(family, prompt, max_new, drafter, budget):
     equal_to_generate(text_family(family), prompt, max_new, drafter, RecapConfig(budget=budget))
+
+
+@pytest.mark.parametrize("family", list(VLM_FAMILIES))
+@SETTINGS
+@given(prefix=st.lists(st.integers(3, 90), max_size=6), suffix=prompts, max_new=st.integers(1, 40),
+       drafter=st.sampled_from(sorted(recap.DRAFTERS)), budget=budgets)
+def test_vision_language_families_equal_greedy_with_real_images(family, prefix, suffix, max_new, drafter, budget):
+    model, inputs = VLM_FAMILIES[family](prefix, suffix)
+    want = model.generate(**inputs, do_sample=False, max_new_tokens=max_new, eos_token_id=None, pad_token_id=0)
+    dec = recap.Decoder(model, RecapConfig(budget=budget), drafter=drafter)
+    got = dec.generate(**inputs, max_new_tokens=max_new, eos_token_id=None)
+    assert got.tolist() == want.tolist()
+    assert 100 in dec.adapter.excluded  # image placeholders are never drafted
 
 
 SLIDING = [f for f in TEXT_FAMILIES if adapter_for(text_family(f)).sliding_window is not None]
@@ -107,3 +120,15 @@ def test_objects_without_a_language_model_head_are_refused():
 
     with pytest.raises(TypeError, match="language-model head.*got a Tiny"):
         recap.Decoder(Tiny())
+
+
+def test_the_readme_table_of_supported_models_is_current():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("supported_models", root / "tools" / "supported_models.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    readme = (root / "README.md").read_text()
+    assert tool.render(readme, tool.table()) == readme, "run: python tools/supported_models.py"

@@ -10,7 +10,7 @@ from recap.adapters.base import ModelAdapter
 
 
 class QwenVL(ModelAdapter):
-    model_types = ("qwen2_vl", "qwen3_vl", "qwen3_vl_moe")
+    model_types = ("qwen3_vl", "qwen3_vl_moe")
 
     def before_prefill(self) -> None:
         # A text-only prompt leaves rope_deltas as the previous image prompt set it.
@@ -35,6 +35,8 @@ class QwenVL(ModelAdapter):
         return coords if coords.shape[0] == n else super().visual_grid(n, model_inputs)
 
 
-class Qwen25VL(QwenVL):
-    model_types = ("qwen2_5_vl",)
+class Qwen2VL(QwenVL):
+    """Qwen2-VL and Qwen2.5-VL: a Qwen2 language model, so visual-token routing applies."""
+
+    model_types = ("qwen2_vl", "qwen2_5_vl")
     routing = True
