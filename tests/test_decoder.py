@@ -125,9 +125,8 @@ def test_default_length_follows_the_generation_config(gen_max_length):
 @pytest.mark.parametrize(
     "kwargs, error, fragment",
     [
-        ({"do_sample": True}, ValueError, "greedy decoding only"),
-        ({"temperature": 0.7}, ValueError, "temperature=0.7"),
-        ({"top_p": 0.9}, ValueError, "top_p=0.9"),
+        ({"num_beams": 3}, ValueError, "num_beams=3 is not supported"),
+        ({"max_new_token": 50}, ValueError, "not used by the model: \\['max_new_token'\\]"),
         ({"max_new_tokens": 0}, ValueError, "max_new_tokens: expected a positive int"),
         ({"max_new_tokens": -2}, ValueError, "max_new_tokens"),
     ],

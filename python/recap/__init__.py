@@ -16,6 +16,10 @@ def __getattr__(name: str):
         from recap.decoder import Decoder
 
         return Decoder
+    if name == "generate":  # model.generate(..., custom_generate=recap.generate)
+        from recap.generation import generate
+
+        return generate
     raise AttributeError(f"module 'recap' has no attribute {name!r}")
 
-__all__ = ["DRAFTERS", "Decoder", "DraftTree", "Drafter", "PersistentMemory", "RecapConfig", "__version__"]
+__all__ = ["DRAFTERS", "Decoder", "generate", "DraftTree", "Drafter", "PersistentMemory", "RecapConfig", "__version__"]

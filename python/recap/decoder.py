@@ -23,9 +23,10 @@ from recap.adapters.conformance import probe
 from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.catchup import router_of
 from recap.config import RecapConfig
+from recap.request import UNSET, Request, from_call
+from recap.sampling import TokenChooser, walk
 from recap.stats import GenerationStats
 
-_UNSET: Any = object()  # eos_token_id not given: use the model's generation config (as generate does)
 PREFILL_SEED_CHUNK = 256  # prompt positions per LM-head chunk when seeding (bounds memory)
 COST_PUSH_EVERY = 16  # steps between refreshes of the cost curve the drafter sizes trees with
 
@@ -130,74 +131,38 @@ class Decoder:
         argmax and top-k, copied to the host in one transfer."""
         return self._topk_packed(self.adapter.forward(cache, tokens, mask, positions), self.config.k)
 
-    # ---- validation -------------------------------------------------------------------
-    def _check_request(self, input_ids: Any, max_new_tokens: int | None, max_length: int | None,
-                       kwargs: dict) -> tuple[torch.Tensor, int]:
-        if kwargs.pop("do_sample", False):
-            raise ValueError("recap.Decoder supports greedy decoding only: got do_sample=True "
-                             "(sampling is not supported yet)")
-        temperature = kwargs.pop("temperature", None)
-        if temperature not in (None, 0, 0.0, 1, 1.0):
-            raise ValueError(f"recap.Decoder supports greedy decoding only: got temperature={temperature}")
-        top_p = kwargs.pop("top_p", None)
-        if top_p is not None and top_p < 1.0:
-            raise ValueError(f"recap.Decoder supports greedy decoding only: got top_p={top_p}")
-        top_k = kwargs.pop("top_k", None)
-        if top_k not in (None, 0):
-            raise ValueError(f"recap.Decoder supports greedy decoding only: got top_k={top_k}")
-        if kwargs.pop("num_beams", 1) != 1:
-            raise ValueError("recap.Decoder supports greedy decoding only (num_beams=1)")
-        if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(f"input_ids: expected a torch.Tensor shaped [1, seq], got {type(input_ids).__name__}")
-        if input_ids.dim() == 1:
-            input_ids = input_ids.unsqueeze(0)
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids: expected shape [1, seq], got {tuple(input_ids.shape)}")
-        if input_ids.shape[0] != 1:
-            raise ValueError(f"recap.Decoder supports batch size 1; got input_ids with batch size {input_ids.shape[0]}")
-        if input_ids.shape[1] == 0:
-            raise ValueError("input_ids: expected at least one prompt token, got an empty prompt")
-        device = self.model.get_input_embeddings().weight.device
-        for name, value in [("input_ids", input_ids), *kwargs.items()]:
-            if isinstance(value, torch.Tensor) and value.device != device:
-                raise ValueError(f"{name}: expected a tensor on the model's device {device}, got one on {value.device}")
-        prompt_len = input_ids.shape[1]
-        if max_new_tokens is None and max_length is None:
-            # As generate: the generation config's max_new_tokens, else its max_length, else 20 new tokens.
-            gen = self.model.generation_config
-            max_new_tokens = getattr(gen, "max_new_tokens", None)
-            max_length = None if max_new_tokens is not None else getattr(gen, "max_length", None)
-            if max_new_tokens is None and max_length is None:
-                max_new_tokens = 20
-        if max_new_tokens is None:
-            max_new_tokens = max_length - prompt_len
-        elif max_length is not None:
-            max_new_tokens = min(max_new_tokens, max_length - prompt_len)
-        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens: expected a positive int (after max_length), got {max_new_tokens!r}")
-        return input_ids, max_new_tokens
-
     # ---- the loop ---------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                  max_new_tokens: int | None = None, max_length: int | None = None,
-                 eos_token_id: int | list[int] | None = _UNSET, streamer: Any = None,
-                 **model_inputs: Any) -> torch.Tensor:
-        """Greedy generation; returns prompt + new tokens shaped [1, L] like `model.generate`.
+                 eos_token_id: int | list[int] | None = UNSET, streamer: Any = None,
+                 generation_config: Any = None, logits_processor: Any = None, stopping_criteria: Any = None,
+                 seed: int | None = None, **kwargs: Any) -> torch.Tensor:
+        """Returns prompt + new tokens shaped [1, L] like `model.generate`.
 
+        Greedy unless ``do_sample=True``; every other `generate` setting (temperature, top_k,
+        top_p, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, bad_words_ids,
+        min_new_tokens, stop_strings with ``tokenizer=``, ...) and a ``logits_processor`` or
+        ``stopping_criteria`` list mean what they mean there. ``seed`` makes sampling
+        reproducible: the same seed gives the same tokens whatever the drafter or budget.
         Like `generate`, an explicit ``eos_token_id=None`` disables stopping on EOS; leaving
-        it out uses the model's generation config."""
-        with self._lock, self.verifying():
-            return self._generate(input_ids, attention_mask, max_new_tokens, max_length, eos_token_id,
-                                  streamer, model_inputs)
+        it out uses the generation config's. Other keywords are model inputs (pixel_values,
+        image_grid_thw, ...); an unknown one raises."""
+        request = from_call(self.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                            max_length=max_length, eos_token_id=eos_token_id, streamer=streamer,
+                            generation_config=generation_config, logits_processor=logits_processor,
+                            stopping_criteria=stopping_criteria, seed=seed, kwargs=kwargs)
+        return self.run(request)
 
-    def _generate(self, input_ids, attention_mask, max_new_tokens, max_length, eos_token_id, streamer,
-                  model_inputs) -> torch.Tensor:
-        input_ids, max_new = self._check_request(input_ids, max_new_tokens, max_length, model_inputs)
-        model_inputs.pop("use_cache", None)
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("attention_mask: padding is not supported with batch size 1; got zeros in the mask")
-        eos = self._eos_set(eos_token_id)
+    @torch.no_grad()
+    def run(self, request: Request) -> torch.Tensor:
+        """Decodes one validated request (`recap.request`)."""
+        with self._lock, self.verifying():
+            return self._generate(request)
+
+    def _generate(self, req: Request) -> torch.Tensor:
+        input_ids, attention_mask, max_new, eos = req.input_ids, req.attention_mask, req.max_new, req.eos
+        streamer, model_inputs, chooser = req.streamer, req.model_inputs, req.chooser
         stats = GenerationStats()
         self.last_stats = stats
         t_start = time.perf_counter()
@@ -209,18 +174,18 @@ class Decoder:
         adapter = self.adapter
         cache = adapter.new_cache()
         adapter.before_prefill()
-        first, seed_ids, seed_probs = self._prefill(input_ids, attention_mask, cache, model_inputs)
+        first, seed_ids, seed_probs = self._prefill(input_ids, attention_mask, cache, model_inputs, chooser)
         offset = adapter.position_offset()
         stats.prefill_s = time.perf_counter() - t_start
         router = router_of(model)
         if router is not None and router.last_stats is not None:
             stats.routing = router.last_stats.as_dict()
-        if streamer is not None:
+        if streamer is not None and not req.streamer_has_prompt:
             streamer.put(input_ids.cpu())
         out = [first]
         if streamer is not None:
             streamer.put(torch.tensor([first]))
-        done = first in eos or len(out) >= max_new
+        done = first in eos or len(out) >= max_new or self._stop(req, prompt, out)
         if not done:
             drafter.begin(np.asarray(prompt + [first], dtype=np.int64))
             drafter.seed(seed_ids, seed_probs)
@@ -238,9 +203,12 @@ class Decoder:
             mask = adapter.attention_mask(torch.from_numpy(tree.mask).to(device), depths, past, dtype)
             positions = adapter.tree_positions(past, depths, offset)
             t2 = time.perf_counter()
-            packed = self._forward_packed(cache, tokens, mask, positions)
+            logits = adapter.forward(cache, tokens, mask, positions)
+            packed = self._topk_packed(logits, k)
             t3 = time.perf_counter()
             pred = packed[:, 0].astype(np.int64)
+            if not chooser.plain_greedy:  # processed / sampled: walk the tree with this position's own picks
+                walk(chooser, tree.tokens, tree.parents, logits, prompt + out, len(out), pred)
             ids = packed[:, 1:1 + k].astype(np.int64)
             probs = np.ascontiguousarray(packed[:, 1 + k:])
             path, committed = drafter.observe(pred, ids, probs)
@@ -250,11 +218,11 @@ class Decoder:
             t5 = time.perf_counter()
             new = committed.tolist()
             for i, tok in enumerate(new):
-                if tok in eos or len(out) + i + 1 >= max_new:
+                out.append(tok)
+                if tok in eos or len(out) >= max_new or self._stop(req, prompt, out):
                     new = new[:i + 1]
                     done = True
                     break
-            out.extend(new)
             if streamer is not None:
                 streamer.put(torch.tensor(new))
             stats.steps += 1
@@ -286,16 +254,16 @@ class Decoder:
         result = torch.tensor([prompt + out], dtype=input_ids.dtype, device=device)
         return result
 
-    def _eos_set(self, eos_token_id: Any) -> set[int]:
-        if eos_token_id is _UNSET:
-            eos_token_id = getattr(self.model.generation_config, "eos_token_id", None)
-        if eos_token_id is None:
-            return set()
-        if isinstance(eos_token_id, torch.Tensor):
-            eos_token_id = eos_token_id.tolist()
-        return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+    @staticmethod
+    def _stop(req: Request, prompt: list[int], out: list[int]) -> bool:
+        """Stopping criteria beyond length and EOS (stop strings, max_time, a user's own), per
+        committed token, exactly where generate would have stopped."""
+        if req.stopping is None:
+            return False
+        ids = torch.tensor([prompt + out], device=req.input_ids.device)
+        return bool(req.stopping(ids, None).any())
 
-    def _prefill(self, input_ids, attention_mask, cache, model_inputs):
+    def _prefill(self, input_ids, attention_mask, cache, model_inputs, chooser: TokenChooser):
         """Runs the prompt; returns the first token and the prompt's top-K rows for seeding.
 
         Final hidden states are captured at the decoder's last norm, and the LM head runs over
@@ -309,7 +277,7 @@ class Decoder:
         finally:
             if handle is not None:
                 handle.remove()
-        first = int(out.logits[0, -1].argmax())
+        first = chooser.choose(input_ids[0].tolist(), out.logits[0, -1], 0)
         k = self.config.k
         if not captured:
             empty = np.zeros((0, k))

@@ -1,0 +1,163 @@
+"""One generation request, validated: what `recap.Decoder.generate` and `recap.generate`
+(transformers' `custom_generate`) both hand to the decoding loop.
+
+Generation settings go through transformers' own `GenerationConfig` and logits-processor
+and stopping-criteria factories, so every setting `generate` accepts means the same here;
+what the loop cannot do (beams, several sequences per prompt, batches, padding, an assistant
+model) raises a `ValueError` naming the argument, and a keyword that is neither a generation
+setting nor a model input raises as `generate` does (a typo never passes silently).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from recap.sampling import TokenChooser
+
+UNSET: Any = object()  # eos_token_id not given: the generation config's (as generate does)
+# Model kwargs that transformers' generate prepares for its own loop; the decoder makes its own.
+PREPARED_BY_GENERATE = ("use_cache", "logits_to_keep", "position_ids", "cache_position", "cache", "past_key_values",
+                        "output_attentions", "output_hidden_states", "return_dict_in_generate")
+
+
+@dataclass
+class Request:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    max_new: int
+    eos: set[int]
+    chooser: TokenChooser
+    stopping: Any = None  # criteria beyond the length and EOS (stop strings, max_time, a user's own)
+    streamer: Any = None
+    streamer_has_prompt: bool = False
+    model_inputs: dict = field(default_factory=dict)
+
+
+def _check_input_ids(model, input_ids: Any, attention_mask, model_inputs: dict) -> torch.Tensor:
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids: expected a torch.Tensor shaped [1, seq], got {type(input_ids).__name__}")
+    if input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids: expected shape [1, seq], got {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"recap.Decoder supports batch size 1; got input_ids with batch size {input_ids.shape[0]}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids: expected at least one prompt token, got an empty prompt")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("attention_mask: padding is not supported with batch size 1; got zeros in the mask")
+    device = model.get_input_embeddings().weight.device
+    for name, value in [("input_ids", input_ids), *model_inputs.items()]:
+        if isinstance(value, torch.Tensor) and value.device != device:
+            raise ValueError(f"{name}: expected a tensor on the model's device {device}, got one on {value.device}")
+    return input_ids
+
+
+def _refuse_unsupported(gen) -> None:
+    for name, ok in [("num_beams", gen.num_beams in (None, 1)),
+                     ("num_return_sequences", gen.num_return_sequences in (None, 1)),
+                     ("prompt_lookup_num_tokens", getattr(gen, "prompt_lookup_num_tokens", None) is None),
+                     ("penalty_alpha", getattr(gen, "penalty_alpha", None) in (None, 0)),
+                     ("num_beam_groups", getattr(gen, "num_beam_groups", 1) in (None, 1))]:
+        if not ok:
+            raise ValueError(f"recap decodes one sequence with its own drafts; {name}={getattr(gen, name, None)!r} "
+                             "is not supported")
+
+
+def _max_new(prompt_len: int, max_new_tokens, max_length, gen) -> int:
+    if max_new_tokens is None and max_length is None:
+        # As generate: the generation config's max_new_tokens, else its max_length, else 20 new tokens.
+        max_new_tokens = getattr(gen, "max_new_tokens", None)
+        max_length = None if max_new_tokens is not None else getattr(gen, "max_length", None)
+        if max_new_tokens is None and max_length is None:
+            max_new_tokens = 20
+    if max_new_tokens is None:
+        max_new_tokens = max_length - prompt_len
+    elif max_length is not None:
+        max_new_tokens = min(max_new_tokens, max_length - prompt_len)
+    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens: expected a positive int (after max_length), got {max_new_tokens!r}")
+    return max_new_tokens
+
+
+def eos_set(eos_token_id: Any) -> set[int]:
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, torch.Tensor):
+        eos_token_id = eos_token_id.tolist()
+    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+
+
+def _processors_and_stopping(model, gen, input_ids, model_inputs, logits_processor, stopping_criteria, tokenizer):
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    device = input_ids.device
+    model._prepare_special_tokens(gen, True, device=device)
+    processors = model._get_logits_processor(
+        generation_config=gen, input_ids_seq_length=input_ids.shape[1], encoder_input_ids=input_ids,
+        prefix_allowed_tokens_fn=None, logits_processor=logits_processor or LogitsProcessorList(), device=device,
+        model_kwargs=model_inputs)
+    stopping = model._get_stopping_criteria(generation_config=gen,
+                                            stopping_criteria=stopping_criteria or StoppingCriteriaList(),
+                                            tokenizer=tokenizer)
+    # Length and EOS are checked by the loop itself, per committed token.
+    extra = StoppingCriteriaList([c for c in stopping if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
+    return processors, (extra if len(extra) else None)
+
+
+def from_call(model, input_ids, attention_mask, *, max_new_tokens, max_length, eos_token_id, streamer,
+              generation_config, logits_processor, stopping_criteria, seed, kwargs: dict) -> Request:
+    """`recap.Decoder.generate(...)`: greedy unless `do_sample=True` (or a given generation
+    config says so); other settings merge over the model's generation config, as in generate."""
+    kwargs = dict(kwargs)
+    tokenizer = kwargs.pop("tokenizer", None)
+    gen, model_inputs = model._prepare_generation_config(generation_config, **kwargs)
+    if "do_sample" not in kwargs and generation_config is None:
+        gen.do_sample = False  # the Decoder is greedy unless asked (the model's config may say otherwise)
+    _refuse_unsupported(gen)
+    for name in ("use_cache",):
+        model_inputs.pop(name, None)
+    model._validate_model_kwargs(dict(model_inputs))
+    input_ids = _check_input_ids(model, input_ids, attention_mask, model_inputs)
+    prompt_len = input_ids.shape[1]
+    source = generation_config if generation_config is not None else model.generation_config
+    max_new = _max_new(prompt_len, max_new_tokens, max_length, source)
+    eos = eos_set(gen.eos_token_id if eos_token_id is UNSET else eos_token_id)
+    gen.max_length, gen.max_new_tokens, gen.eos_token_id = prompt_len + max_new, None, sorted(eos) or None
+    processors, stopping = _processors_and_stopping(model, gen, input_ids, model_inputs, logits_processor,
+                                                    stopping_criteria, tokenizer)
+    return Request(input_ids, attention_mask, max_new, eos, TokenChooser(processors, gen.do_sample, seed),
+                   stopping, streamer, False, model_inputs)
+
+
+def from_transformers(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                      seed, model_kwargs: dict) -> Request:
+    """`model.generate(..., custom_generate=recap.generate)`: transformers has merged the
+    generation config, built the processors and stopping criteria and sent the prompt to the
+    streamer; the loop takes them as they are."""
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    gen = generation_config
+    _refuse_unsupported(gen)
+    model_kwargs = dict(model_kwargs)
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+    if cache is not None and cache.get_seq_length() > 0:
+        raise ValueError("recap.generate starts from the prompt; a filled cache (past_key_values) is not supported")
+    for name in PREPARED_BY_GENERATE:
+        model_kwargs.pop(name, None)
+    input_ids = _check_input_ids(model, input_ids, attention_mask, model_kwargs)
+    prompt_len = input_ids.shape[1]
+    max_new = gen.max_length - prompt_len
+    if max_new <= 0:
+        raise ValueError(f"max_length: expected more than the prompt's {prompt_len} tokens, got {gen.max_length}")
+    eos = eos_set(gen.eos_token_id)
+    extra = StoppingCriteriaList([c for c in stopping_criteria
+                                  if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
+    return Request(input_ids, attention_mask, max_new, eos, TokenChooser(logits_processor, gen.do_sample, seed),
+                   extra if len(extra) else None, streamer, True, model_kwargs)
