@@ -45,6 +45,22 @@ def test_every_drafter_runs_on_every_prompt_and_turn_and_matches_ar(tmp_path):
     assert tmp_path / "bench.md" in written
 
 
+def test_sampled_runs_reproduce_ar_for_every_drafter_and_the_anchor_samples_too():
+    entries = [Entry.parse(n) for n in ["recap@auto", "pld", "sam", "hf_pld"]]
+    b = Bench(text_model("Llama"), encode, entries, budget=8, max_new_tokens=16, decode=lambda ids: "x" * len(ids),
+              sampling={"do_sample": True, "temperature": 0.8}, seed=3)
+    b.run(PROMPTS, progress=False)
+    for e in b.entries:
+        runs = [r for r in b.runs if r.label == e.label]
+        assert len(runs) == 4
+        assert all(r.equal is None for r in runs) if e.label == "hf_pld" else all(r.equal for r in runs)
+    outputs = {(r.prompt, r.turn): r.output for r in b.runs if r.label == "ar"}
+    greedy = Bench(text_model("Llama"), encode, [], max_new_tokens=16, decode=lambda ids: "x" * len(ids))
+    greedy.run(PROMPTS, progress=False)
+    assert [r.output for r in greedy.runs] != list(outputs.values())  # it did sample
+    assert all(f["mismatches"] == 0 for f in b.summary()["overall"].values())
+
+
 def test_a_mismatch_is_counted():
     b = Bench(text_model("Llama"), encode, [Entry.parse("pld")], max_new_tokens=6)
     b.run(PROMPTS[:1], progress=False)

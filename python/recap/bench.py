@@ -9,6 +9,11 @@ Reported per data set and overall: tau (bonus included), tokens/s, speedup over 
 same run, mean verified tree size, host microseconds per step by phase, forward milliseconds
 per step, and mismatching prompts. transformers' own prompt lookup
 (`generate(prompt_lookup_num_tokens=10)`) runs alongside as an external anchor.
+
+With `sampling` (e.g. do_sample=True, temperature=0.7), every drafter samples with the same
+seed per prompt and turn, so each must still reproduce `ar`'s tokens exactly; the anchor
+samples under the same settings with torch's generator seeded alike (its tokens differ:
+it is compared on speed only).
 """
 
 from __future__ import annotations
@@ -100,12 +105,13 @@ class _ForwardCounter:
 class Bench:
     def __init__(self, model: torch.nn.Module, encode: Encode, entries: list[Entry], *,
                  budget: int | str = 32, max_new_tokens: int = 200, eos_token_id: int | None = None,
-                 decode: Decode | None = None) -> None:
+                 decode: Decode | None = None, sampling: dict | None = None, seed: int = 0) -> None:
         if not any(e.label == "ar" for e in entries):
             entries = [Entry("ar", "ar", None), *entries]
         self.model, self.encode, self.decode = model, encode, decode
         self.entries = entries
         self.max_new_tokens, self.eos = max_new_tokens, eos_token_id
+        self.sampling, self.seed = dict(sampling or {}), seed
         self.decoders: dict[str, Decoder] = {}
         for e in entries:
             if e.name != ANCHOR:
@@ -113,7 +119,7 @@ class Bench:
                 self.decoders[e.label] = Decoder(model, RecapConfig(budget=b), drafter=e.name)
         self.runs: list[Run] = []
 
-    def _generate(self, label: str, inputs: Any, max_new: int) -> tuple[list[int], dict]:
+    def _generate(self, label: str, inputs: Any, max_new: int, seed: int = 0) -> tuple[list[int], dict]:
         inputs = dict(inputs) if not isinstance(inputs, torch.Tensor) else {"input_ids": inputs}
         ids = inputs.pop("input_ids")
         attn = inputs.pop("attention_mask", None)
@@ -121,7 +127,9 @@ class Bench:
         if label in self.decoders:
             dec = self.decoders[label]
             t = time.perf_counter()
-            out = dec.generate(ids, attention_mask=attn, max_new_tokens=max_new, eos_token_id=self.eos, **inputs)
+            sampled = dict(self.sampling, seed=seed) if self.sampling else {}
+            out = dec.generate(ids, attention_mask=attn, max_new_tokens=max_new, eos_token_id=self.eos, **sampled,
+                               **inputs)
             total = time.perf_counter() - t
             s = dec.last_stats
             info = dict(steps=s.steps, prefill_s=s.prefill_s, tree_nodes=sum(s.tree_sizes),
@@ -131,9 +139,11 @@ class Bench:
             counter = _ForwardCounter(self.model)
             try:  # in the decoders' linear layout, so only the draft and verify logic differ
                 t = time.perf_counter()
+                torch.manual_seed(seed)
+                settings = self.sampling or {"do_sample": False}
                 with self.decoders["ar"].verifying():
-                    out = self.model.generate(ids, attention_mask=attn, do_sample=False, max_new_tokens=max_new,
-                                              eos_token_id=self.eos, prompt_lookup_num_tokens=10, **inputs)
+                    out = self.model.generate(ids, attention_mask=attn, max_new_tokens=max_new, eos_token_id=self.eos,
+                                              prompt_lookup_num_tokens=10, **settings, **inputs)
                 total = time.perf_counter() - t
             finally:
                 counter.close()
@@ -154,7 +164,8 @@ class Bench:
                 messages.append({"role": "user", "content": text})
                 inputs = self.encode(messages, prompt.image)
                 ids = inputs if isinstance(inputs, torch.Tensor) else inputs["input_ids"]
-                output, info = self._generate(label, inputs, self.max_new_tokens)
+                seed = self.seed + 7919 * index + turn  # the same for every drafter
+                output, info = self._generate(label, inputs, self.max_new_tokens, seed)
                 self.runs.append(Run(label=label, set=prompt.set, prompt=prompt.id, turn=turn,
                                      prompt_tokens=ids.shape[1], new_tokens=len(output), output=output, **info))
                 answer = self.decode(output) if self.decode else ""
@@ -166,7 +177,8 @@ class Bench:
         reference = {r.turn: r.output for r in self.runs if r.prompt == prompt_id and r.label == "ar"}
         for r in self.runs:
             if r.prompt == prompt_id:
-                r.equal = r.output == reference.get(r.turn)
+                sampled_anchor = self.sampling and r.label not in self.decoders
+                r.equal = None if sampled_anchor else r.output == reference.get(r.turn)
 
     def run(self, prompts: list[Prompt], progress: bool = True, checkpoint: Path | None = None,
             meta: dict | None = None) -> None:

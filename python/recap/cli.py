@@ -128,12 +128,18 @@ def bench(args: argparse.Namespace) -> int:
     if not prompts:
         print(f"no prompts selected (sets {args.sets}); image prompts need a vision-language model", file=sys.stderr)
         return 2
+    sampling = None
+    if args.do_sample:
+        sampling = {"do_sample": True, **{k: v for k, v in [("temperature", args.temperature), ("top_p", args.top_p),
+                                                             ("top_k", args.top_k)] if v is not None}}
     b = Bench(model, encode, entries, budget=args.budget, max_new_tokens=args.max_new_tokens,
-              eos_token_id=tok.eos_token_id, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+              eos_token_id=tok.eos_token_id, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+              sampling=sampling, seed=args.seed)
     print(f"{len(prompts)} prompts ({', '.join(sorted({p.set for p in prompts}))}), drafters "
           f"{', '.join(e.label for e in b.entries)}, budget {args.budget}, {args.max_new_tokens} new tokens")
     b.warm_up(image=next((p.image for p in prompts if p.image is not None), None))
-    meta = {"model": model_name, "budget": args.budget, "max_new_tokens": args.max_new_tokens,
+    meta = {"model": model_name, "budget": args.budget, "max_new_tokens": args.max_new_tokens, "sampling": sampling,
+            "seed": args.seed,
             "prompts": len(prompts), "linear_layout": b.decoders["ar"].linear_layout_used, "machine": machine()}
     print(f"linear layout: {meta['linear_layout']}")
     b.run(prompts, progress=not args.quiet, checkpoint=Path(args.out), meta=meta)
@@ -225,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--no-anchor", dest="anchor", action="store_false",
                    help="skip transformers' prompt lookup anchor")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding (same seed per "
+                   "prompt for every drafter, so each must reproduce ar's tokens)")
+    b.add_argument("--temperature", type=float, default=None)
+    b.add_argument("--top-p", type=float, default=None)
+    b.add_argument("--top-k", type=int, default=None)
+    b.add_argument("--seed", type=int, default=0, help="base seed of the sampled runs")
     c = sub.add_parser("catchup", help="visual-token routing modes and budgets side by side",
                        description="KV cache, prefill FLOPs and prefill time of every routing mode at each "
                        "budget against dense, on a tiny random LLaVA-shaped model or, with --model and "
