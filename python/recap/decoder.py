@@ -21,8 +21,8 @@ from recap._core import PersistentMemory
 from recap.adapters import ModelAdapter, adapter_for
 from recap.adapters.conformance import probe
 from recap.budget import ChainPasses, CostModel, cost_model, model_key
-from recap.catchup import router_of
 from recap.config import RecapConfig
+from recap.model_state import peek, state_of
 from recap.request import UNSET, Request, from_call
 from recap.sampling import TokenChooser, walk
 from recap.stats import GenerationStats
@@ -173,11 +173,15 @@ class Decoder:
         drafter = self._drafter
         adapter = self.adapter
         cache = adapter.new_cache()
-        adapter.before_prefill()
-        first, seed_ids, seed_probs = self._prefill(input_ids, attention_mask, cache, model_inputs, chooser)
-        offset = adapter.position_offset()
+        # A family that keeps per-request state on the model (M-RoPE offsets) prefills under the
+        # model's lock, so a concurrent request cannot overwrite the state before it is read.
+        shared = state_of(model).prefill_lock if adapter.keeps_request_state else contextlib.nullcontext()
+        with shared:
+            adapter.before_prefill()
+            first, seed_ids, seed_probs = self._prefill(input_ids, attention_mask, cache, model_inputs, chooser)
+            offset = adapter.position_offset()
         stats.prefill_s = time.perf_counter() - t_start
-        router = router_of(model)
+        router = getattr(peek(model), "router", None)  # routing stats are kept per thread
         if router is not None and router.last_stats is not None:
             stats.routing = router.last_stats.as_dict()
         if streamer is not None and not req.streamer_has_prompt:
@@ -270,7 +274,13 @@ class Decoder:
         them in chunks, so full-vocabulary logits are never held for the whole prompt."""
         captured: list[torch.Tensor] = []
         norm = self.adapter.final_norm
-        handle = norm.register_forward_hook(lambda _m, _i, o: captured.append(o)) if norm is not None else None
+        me = threading.get_ident()  # the norm is shared: other threads' forwards pass this hook too
+
+        def capture(_m, _i, o):
+            if threading.get_ident() == me:
+                captured.append(o)
+
+        handle = norm.register_forward_hook(capture) if norm is not None else None
         try:
             out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                              **{self.adapter.cache_keyword: cache}, use_cache=True, logits_to_keep=1, **model_inputs)

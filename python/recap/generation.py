@@ -15,30 +15,9 @@ from typing import Any
 
 import torch
 
+from recap.model_state import state_of
+
 _LOCK = threading.Lock()
-
-
-class _PerModel:
-    """What recap keeps with a model. Copies of the model start without it (a deepcopy or a
-    pickle of the model never carries a decoder, its memory or its state)."""
-
-    def __init__(self) -> None:
-        self.decoder = None
-
-    def __deepcopy__(self, memo) -> _PerModel:
-        return _PerModel()
-
-    def __reduce__(self):
-        return (_PerModel, ())
-
-
-def state_of(model: torch.nn.Module) -> _PerModel:
-    with _LOCK:
-        state = model.__dict__.get("_recap_state")
-        if state is None:
-            state = _PerModel()
-            model.__dict__["_recap_state"] = state
-        return state
 
 
 def decoder_for(model: torch.nn.Module):
@@ -46,7 +25,7 @@ def decoder_for(model: torch.nn.Module):
     from recap.decoder import Decoder
 
     state = state_of(model)
-    with _LOCK:
+    with _LOCK:  # two threads' first calls build one decoder
         if state.decoder is None:
             state.decoder = Decoder(model)
         return state.decoder

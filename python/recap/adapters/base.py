@@ -36,6 +36,7 @@ class ModelAdapter:
 
     model_types: tuple[str, ...] = ()  # config.model_type values a family file handles
     routing = False  # recap.catchup can route this family's visual tokens
+    keeps_request_state = False  # the model stores per-request state on itself at the prefill
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model

@@ -23,8 +23,7 @@ from recap.catchup.config import MODES, CatchUpConfig
 from recap.catchup.ltc import grid_distances, transition_correct
 from recap.catchup.router import Router, RoutingStats
 from recap.catchup.scoring import last_token_attention
-
-_ATTR = "_recap_catchup_router"
+from recap.model_state import peek, state_of
 
 
 def enable(model: torch.nn.Module, config: CatchUpConfig | None = None, **settings) -> Router:
@@ -38,23 +37,24 @@ def enable(model: torch.nn.Module, config: CatchUpConfig | None = None, **settin
     config = config if config is not None else CatchUpConfig(**settings)
     router = Router(model, config)  # validates before anything is replaced
     disable(model)
-    object.__setattr__(model, _ATTR, router)
+    state_of(model).router = router
     return router
 
 
 def disable(model: torch.nn.Module) -> bool:
     """Removes routing from `model`; True if it was enabled."""
-    router = getattr(model, _ATTR, None)
-    if router is None:
+    state = peek(model)
+    if state is None or state.router is None:
         return False
-    router.close()
-    object.__delattr__(model, _ATTR)
+    state.router.close()
+    state.router = None
     return True
 
 
 def router_of(model: torch.nn.Module) -> Router | None:
     """The router enabled on `model`, if any."""
-    return getattr(model, _ATTR, None)
+    state = peek(model)
+    return None if state is None else state.router
 
 
 @contextmanager

@@ -20,6 +20,7 @@ touched; `disable` removes the hooks.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -101,6 +102,7 @@ class Router:
     def __init__(self, model: torch.nn.Module, config: CatchUpConfig):
         adapter = adapter_for(model)
         adapter.require_routing()
+        self._local = threading.local()  # one request's routing state per thread
         self.model = model
         self.config = config
         self.adapter = adapter
@@ -111,12 +113,29 @@ class Router:
         self.stage_of = {layer: s for s, layer in enumerate(self.routing)}
         self.image_token = int(adapter.image_token_id)
         self.frozen: list[list[int]] | None = None
-        self.last_stats: RoutingStats | None = None
-        self._req: _Request | None = None
+        self.last_stats = None
+        self._req = None
         self._handles = [model.register_forward_pre_hook(self._on_call, with_kwargs=True)]
         for i, layer in enumerate(self.layers):
             self._handles.append(layer.register_forward_pre_hook(self._hook(i), with_kwargs=True))
         self._handles.append(self.layers[-1].register_forward_hook(self._after_last))
+
+    @property
+    def _req(self) -> _Request | None:
+        return getattr(self._local, "req", None)
+
+    @_req.setter
+    def _req(self, value: _Request | None) -> None:
+        self._local.req = value
+
+    @property
+    def last_stats(self) -> RoutingStats | None:
+        """What the calling thread's latest prefill did."""
+        return getattr(self._local, "stats", None)
+
+    @last_stats.setter
+    def last_stats(self, value: RoutingStats | None) -> None:
+        self._local.stats = value
 
     def close(self) -> None:
         for h in self._handles:

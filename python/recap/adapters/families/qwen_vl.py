@@ -11,6 +11,7 @@ from recap.adapters.base import ModelAdapter
 
 class QwenVL(ModelAdapter):
     model_types = ("qwen3_vl", "qwen3_vl_moe")
+    keeps_request_state = True
 
     def before_prefill(self) -> None:
         # A text-only prompt leaves rope_deltas as the previous image prompt set it.
