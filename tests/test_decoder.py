@@ -147,3 +147,19 @@ def test_bad_inputs_raise_clear_errors():
         dec.generate([1, 2, 3], max_new_tokens=4)
     with pytest.raises(ValueError, match="on the model's device"):
         dec.generate(torch.tensor([[1, 2]], device="meta"), max_new_tokens=4)
+
+
+def test_construction_runs_no_forward_pass_and_first_use_prepares():
+    import copy
+
+    model = copy.deepcopy(text_model("Qwen2"))  # nothing measured or probed on it yet
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        dec = recap.Decoder(model)  # budget="auto", linear_layout="auto"
+        assert calls == []
+        ids = torch.tensor([[5, 6, 7, 5, 6, 7]])
+        dec.generate(ids, max_new_tokens=4)
+        assert len(calls) > 10 and dec.cost is not None  # probe, layout timing, cost curve, then decoding
+    finally:
+        handle.remove()

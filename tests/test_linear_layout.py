@@ -93,6 +93,7 @@ def test_decoders_on_one_model_share_its_layout_and_survive_a_release():
     want = model.generate(**inputs, do_sample=False, max_new_tokens=12, pad_token_id=0)
     first = recap.Decoder(model, RecapConfig(budget=6), linear_layout="transposed")
     second = recap.Decoder(model, RecapConfig(budget=4), linear_layout="transposed")
+    assert first.linear_layout_used == second.linear_layout_used == "transposed"  # chosen on first use
     assert first._layout is second._layout is layout_of(model)
     with second.verifying():  # another decoder's call ending must not switch it off here
         assert first.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()

@@ -110,8 +110,9 @@ class IgnoresPositions(transformers.LlamaForCausalLM):
                                          (IgnoresPositions, "ignores explicit position ids")])
 def test_the_conformance_probe_names_what_a_model_gets_wrong(cls, reason):
     model = cls(text_family("Llama").config).to(torch.float64).eval()
+    dec = recap.Decoder(model)  # cheap: the probe runs on first use
     with pytest.raises(UnsupportedModelError, match=reason):
-        recap.Decoder(model)
+        dec.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4)
 
 
 def test_objects_without_a_language_model_head_are_refused():

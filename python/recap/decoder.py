@@ -72,7 +72,6 @@ class Decoder:
         self.model = model
         self.config = config if config is not None else RecapConfig()
         self.adapter: ModelAdapter = adapter_for(model)  # refuses what cannot be tree-verified, naming why
-        probe(self.adapter)  # tree passes equal one-token passes on this model (once per model)
         vocab = self.adapter.vocab_size
         if memory is not None and (memory.vocab_size != vocab or memory.k != self.config.k):
             raise ValueError(
@@ -85,12 +84,38 @@ class Decoder:
         self.memory: PersistentMemory | None = self._drafter.memory
         self._lock = threading.Lock()
         self.last_stats: GenerationStats | None = None
-        self.cost: CostModel | None = None
+        self._cost: CostModel | None = None
         self._host_s = 0.0  # running mean of the host time per step, added to every pass's cost
-        self._layout = layouts.choose(model, self._probe(), model_key(model), linear_layout)
-        self.linear_layout_used = "default" if self._layout is None else "transposed"
-        if spec.adapts_budget and self.config.auto_budget:
+        # Construction runs no forward pass: the first use does (see _prepare).
+        if linear_layout not in layouts.LAYOUTS:
+            raise ValueError(f"linear_layout: expected one of {', '.join(layouts.LAYOUTS)}; got {linear_layout!r}")
+        self._linear_layout = linear_layout
+        self._auto_budget = spec.adapts_budget and self.config.auto_budget
+        self._layout = None
+        self._prepared = False
+
+    def _prepare(self) -> None:
+        """First use (generate, calibrate, or reading `cost` / `linear_layout_used`): the
+        conformance probe, the linear layout choice and, with budget="auto", the cost curve.
+        Each is measured once per model and cached with it."""
+        if self._prepared:
+            return
+        probe(self.adapter)  # tree passes equal one-token passes on this model, or a clear error
+        self._layout = layouts.choose(self.model, self._probe(), model_key(self.model), self._linear_layout)
+        self._prepared = True
+        if self._auto_budget:
             self.calibrate()
+
+    @property
+    def linear_layout_used(self) -> str:
+        self._prepare()
+        return "default" if self._layout is None else "transposed"
+
+    @property
+    def cost(self) -> CostModel | None:
+        """The cost curve sizing trees (budget="auto"), measured on first use."""
+        self._prepare()
+        return self._cost
 
     def _probe(self):
         """One verification pass of a typical tree size; its context is built on the first
@@ -109,6 +134,7 @@ class Decoder:
     def verifying(self):
         """The context this decoder's passes run in (its linear layout): other generation on
         the same model can share it, e.g. to compare like with like."""
+        self._prepare()
         return self._layout if self._layout is not None else contextlib.nullcontext()
 
     # ---- hardware-aware budget ----------------------------------------------------------
@@ -117,13 +143,13 @@ class Decoder:
         model, device, dtype, thread count and linear layout, and sizes trees with it from now on."""
         verify = _ChainVerifier(self)
         with self.verifying():
-            self.cost = cost_model(self.model, verify, self._drafter.max_nodes + 1,
-                                   variant=(self.linear_layout_used,), refresh=refresh)
+            self._cost = cost_model(self.model, verify, self._drafter.max_nodes + 1,
+                                    variant=(self.linear_layout_used,), refresh=refresh)
         self._push_cost()
-        return self.cost
+        return self._cost
 
     def _push_cost(self) -> None:
-        curve = self.cost.curve(self._drafter.max_nodes + 1)
+        curve = self._cost.curve(self._drafter.max_nodes + 1)
         self._drafter.set_cost([c + self._host_s for c in curve])
 
     def _forward_packed(self, cache, tokens, mask, positions) -> np.ndarray:
@@ -157,8 +183,10 @@ class Decoder:
     @torch.no_grad()
     def run(self, request: Request) -> torch.Tensor:
         """Decodes one validated request (`recap.request`)."""
-        with self._lock, self.verifying():
-            return self._generate(request)
+        with self._lock:
+            self._prepare()
+            with self.verifying():
+                return self._generate(request)
 
     def _generate(self, req: Request) -> torch.Tensor:
         input_ids, attention_mask, max_new, eos = req.input_ids, req.attention_mask, req.max_new, req.eos
@@ -232,12 +260,12 @@ class Decoder:
             stats.steps += 1
             stats.accepted_lengths[len(path) - 1] += 1
             stats.tree_sizes.append(n)
-            if self.cost is not None:
+            if self._cost is not None:
                 selection = drafter.last_selection
                 if selection is not None:
                     stats.offered_nodes += selection[0]
                     stats.predicted_accepted += selection[2]
-                self.cost.observe(n, t3 - t2)
+                self._cost.observe(n, t3 - t2)
                 self._host_s += 0.05 * ((t2 - t0) + (time.perf_counter() - t3) - self._host_s)
                 if stats.steps % COST_PUSH_EVERY == 0:
                     self._push_cost()
@@ -250,8 +278,8 @@ class Decoder:
             phase["other"] += t6 - t5
         if streamer is not None:
             streamer.end()
-        if self.cost is not None:
-            stats.cost = self.cost.as_dict()
+        if self._cost is not None:
+            stats.cost = self._cost.as_dict()
             stats.cost["host_ms"] = self._host_s * 1e3
         stats.new_tokens = len(out)
         stats.total_s = time.perf_counter() - t_start
