@@ -124,7 +124,7 @@ def test_another_layout_on_the_model_cannot_take_the_shared_layouts_copies():
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_an_active_layout_survives_deepcopy():
+def test_a_deepcopy_made_while_active_is_plain_and_carries_no_copies():
     import copy
 
     from recap.linear_layout import layout_of
@@ -134,7 +134,56 @@ def test_an_active_layout_survives_deepcopy():
         want = model(input_ids=IDS).logits
         with layout_of(model):
             twin = copy.deepcopy(model)
-        got = twin(input_ids=IDS).logits  # the copy's modules still run through their own copies
+        got = twin(input_ids=IDS).logits
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-    assert all(twin.get_submodule(n).forward.module is twin.get_submodule(n)
-               for n, m in twin.named_modules() if "forward" in m.__dict__)
+    assert not any("forward" in m.__dict__ for m in twin.modules())  # no trace left on the copy
+    assert layout_of(twin).bytes == 0 and layout_of(twin).modules[0] is twin.model.layers[0].self_attn.q_proj
+
+
+def test_modules_with_hooks_or_their_own_forward_are_never_patched():
+    import copy
+
+    from recap.linear_layout import LinearLayout
+
+    model = copy.deepcopy(text_model("Llama"))
+    seen = []
+    hooked = model.model.layers[0].self_attn.q_proj
+    hooked.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    own = model.model.layers[0].self_attn.k_proj
+    own.forward = lambda x, _m=own: torch.nn.functional.linear(x, _m.weight, _m.bias)  # e.g. an offload wrapper
+    layout = LinearLayout(model)
+    assert hooked not in layout.modules and own not in layout.modules
+    with torch.no_grad(), layout:
+        model(input_ids=IDS)
+        assert "forward" not in hooked.__dict__ and seen  # its hook ran, on its own forward
+    assert "forward" in own.__dict__  # the user's forward is still there afterwards
+
+
+def test_autograd_and_other_threads_run_the_modules_own_forward():
+    import copy
+    import threading
+
+    from recap.linear_layout import LinearLayout
+
+    model = copy.deepcopy(text_model("Llama"))
+    layout = LinearLayout(model)
+    head = model.lm_head
+    with layout:
+        out = model(input_ids=IDS).logits.sum()
+        out.backward()  # gradients flow: the transposed path is never used under autograd
+        assert head.weight.grad is not None and head.weight.grad.abs().sum() > 0
+        # Spy: zero the transposed copy, so the path each call takes shows in its output.
+        head.forward.wt = torch.zeros_like(head.forward.wt)
+        x = torch.randn(2, head.in_features, dtype=head.weight.dtype)
+        with torch.no_grad():
+            assert head(x).abs().sum() == 0  # this thread activated the layout: transposed path
+            other = {}
+
+            def call():
+                with torch.no_grad():  # grad mode is per thread: no autograd there either
+                    other.update(y=head(x))
+
+            t = threading.Thread(target=call)
+            t.start()
+            t.join()
+            torch.testing.assert_close(other["y"], torch.nn.functional.linear(x, head.weight, head.bias))

@@ -12,6 +12,7 @@ measured per model, device, dtype and thread count on a real verification pass.
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -38,17 +39,45 @@ def available_memory() -> int:
 
 
 class _TransposedForward:
-    """A module's forward while its layout is active: x @ (a copy of W^T) + b. A plain
-    object rather than a closure, so that copy.deepcopy and pickle of an active model work."""
+    """A module's forward while its layout is active: x @ (a copy of W^T) + b, but only for
+    the threads that activated the layout and only without autograd; any other call (another
+    thread using the model meanwhile, a backward pass to come) runs the module's own forward,
+    so no gradient is cut and nobody else sees the swapped path."""
 
-    def __init__(self, module: torch.nn.Linear, wt: torch.Tensor) -> None:
+    def __init__(self, module: torch.nn.Linear, wt: torch.Tensor, layout: LinearLayout) -> None:
         self.module = module
         self.wt = wt
+        self.layout = layout
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.module
+        if threading.get_ident() not in self.layout._threads or (
+                torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad)):
+            return type(m).forward(m, x)
         y = x @ self.wt
-        bias = self.module.bias
-        return y if bias is None else y + bias
+        return y if m.bias is None else y + m.bias
+
+    def __deepcopy__(self, memo) -> _OwnForward:
+        # A copy of a model made while the layout is active gets the plain forward (no copy
+        # of W^T); the copy's layout removes it once the copy is complete (see __setstate__).
+        return _OwnForward(copy.deepcopy(self.module, memo))
+
+
+class _OwnForward:
+    """The module's own forward, standing in for a transposed one inside a deepcopy."""
+
+    def __init__(self, module: torch.nn.Linear) -> None:
+        self.module = module
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return type(self.module).forward(self.module, x)
+
+
+def _patchable(m: torch.nn.Module) -> bool:
+    """Plain `nn.Linear` modules only: never one that already carries an instance forward or
+    hooks (accelerate's offloading, a user's own), which would be overridden or bypassed."""
+    return (type(m) is torch.nn.Linear and "forward" not in m.__dict__ and not m._forward_hooks
+            and not m._forward_pre_hooks)
 
 
 class LinearLayout:
@@ -60,20 +89,25 @@ class LinearLayout:
     cannot take them away."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.modules = [m for m in model.modules() if type(m) is torch.nn.Linear]
+        self.modules = [m for m in model.modules() if _patchable(m)]
         self._copies: list[torch.Tensor] = []
         self._versions: list[int] = []
         self._depth = 0
+        self._threads: dict[int, int] = {}  # activations per thread
         self._lock = threading.Lock()
 
-    def __getstate__(self) -> dict:  # copy.deepcopy(model) copies the layout with it
+    def __getstate__(self) -> dict:  # copy.deepcopy(model) copies the layout with it: inactive, no copies
         state = dict(self.__dict__)
         del state["_lock"]
+        state.update(_copies=[], _versions=[], _depth=0, _threads={})
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        for m in self.modules:  # the model's modules were copied before this layout: clean them
+            if isinstance(m.__dict__.get("forward"), _OwnForward):
+                del m.__dict__["forward"]
 
     @property
     def bytes(self) -> int:
@@ -91,16 +125,24 @@ class LinearLayout:
             if self._depth == 0:
                 self._refresh()
                 for m, wt in zip(self.modules, self._copies, strict=True):
-                    m.forward = _TransposedForward(m, wt)
+                    if _patchable(m):  # hooks added since are left alone
+                        m.forward = _TransposedForward(m, wt, self)
             self._depth += 1
+            me = threading.get_ident()
+            self._threads[me] = self._threads.get(me, 0) + 1
         return self
 
     def __exit__(self, *exc) -> None:
         with self._lock:
+            me = threading.get_ident()
+            self._threads[me] -= 1
+            if not self._threads[me]:
+                del self._threads[me]
             self._depth -= 1
             if self._depth == 0:
                 for m in self.modules:
-                    m.__dict__.pop("forward", None)
+                    if isinstance(m.__dict__.get("forward"), _TransposedForward):
+                        del m.__dict__["forward"]
 
     def release(self) -> None:
         """Drops the transposed copies (unless active; the next activation rebuilds them)."""
