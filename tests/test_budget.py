@@ -93,7 +93,7 @@ def test_cost_curves_belong_to_their_model_and_layout():
     import gc
     import weakref
 
-    from recap import budget
+    from recap.model_state import peek
 
     model = copy.deepcopy(text_model("Qwen2"))  # a model of its own, so it can be collected
     default = recap.Decoder(model, linear_layout="default")
@@ -102,12 +102,14 @@ def test_cost_curves_belong_to_their_model_and_layout():
     assert recap.Decoder(model, linear_layout="transposed").cost is transposed.cost
     other = copy.deepcopy(model)  # same shapes, device, dtype and threads: still its own curve
     assert recap.Decoder(other, linear_layout="default").cost is not default.cost
-    held = len(budget._CACHE)
+    curves = list(peek(model).cost_curves.values())
+    assert len(curves) == 2  # one per layout
     gone = weakref.ref(model)
     del model, default, transposed
     gc.collect()
-    assert gone() is None  # the caches do not keep a model alive, and its curves go with it
-    assert len(budget._CACHE) == held - 1 and other in budget._CACHE
+    assert gone() is None  # what recap keeps with a model does not keep it alive
+    theirs = list(peek(other).cost_curves.values())
+    assert theirs and not any(c is mine for c in theirs for mine in curves)
 
 
 def test_a_noisy_point_does_not_flatten_the_curve():

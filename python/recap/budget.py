@@ -11,11 +11,12 @@ the tree size of each step.
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from recap.model_state import state_of
 
 POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_PAST = 128  # context tokens in the cache while measuring
@@ -83,10 +84,6 @@ def _monotone(y: np.ndarray) -> np.ndarray:
     return np.minimum.accumulate(np.asarray(y, dtype=np.float64)[::-1])[::-1]
 
 
-# Measurements live with the model they were taken on (a weak reference: they go when it
-# goes, and a new model that happens to get a freed model's id() never inherits them).
-_CACHE: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, CostModel]] = weakref.WeakKeyDictionary()
-
 
 def model_key(model: torch.nn.Module) -> tuple:
     """What a timing on `model` depends on besides the model itself: device, dtype, threads."""
@@ -102,7 +99,7 @@ def cost_model(model: torch.nn.Module, verify, max_tokens: int, *, variant: tupl
     way the decoder does; `new_cache()` comes with it as `verify.new_cache`, and the token
     ids never to feed (image placeholders) as `verify.excluded`. `variant` names anything
     else the passes depend on (the linear layout they run in)."""
-    per_model = _CACHE.setdefault(model, {})
+    per_model = state_of(model).cost_curves  # with the model: it goes when the model goes
     key = model_key(model) + tuple(variant)
     found = per_model.get(key)
     if found is not None and not refresh and found.points[-1] >= min(max_tokens, POINTS[-1]):

@@ -16,18 +16,16 @@ import copy
 import os
 import threading
 import time
-import weakref
 
 import numpy as np
 import torch
+
+from recap.model_state import state_of
 
 LAYOUTS = ("auto", "default", "transposed")
 GAIN = 0.95  # use the transposed layout only if a pass takes at most this share of the time
 PROBE_TOKENS = 12  # rows of the probe pass: a typical tree on a CPU
 MEMORY_SHARE = 0.5  # "auto" never spends more than this share of available memory on the copy
-# Per model (weakly held, like the cost curves): model -> {key: use the transposed layout}.
-_DECISIONS: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, bool]] = weakref.WeakKeyDictionary()
-_ATTR = "_recap_linear_layout"
 
 
 def available_memory() -> int:
@@ -155,11 +153,10 @@ class LinearLayout:
 
 def layout_of(model: torch.nn.Module) -> LinearLayout:
     """The model's one `LinearLayout`, created on first request."""
-    found = model.__dict__.get(_ATTR)
-    if found is None:
-        found = LinearLayout(model)
-        model.__dict__[_ATTR] = found
-    return found
+    state = state_of(model)
+    if state.layout is None:
+        state.layout = LinearLayout(model)
+    return state.layout
 
 
 def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayout | None:
@@ -178,7 +175,7 @@ def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayo
     copy = sum(m.weight.numel() * m.weight.element_size() for m in candidate.modules)
     if copy > MEMORY_SHARE * available_memory():
         return None  # the copy would crowd out the rest of the machine: not worth a faster pass
-    decisions = _DECISIONS.setdefault(model, {})
+    decisions = state_of(model).layout_choice
     if key not in decisions:
         probe()  # warm-up (builds the probe's context)
         own, flipped = [], []

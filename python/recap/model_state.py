@@ -1,10 +1,14 @@
-"""What recap keeps with a user's model, in one holder: the decoder `recap.generate` uses,
-the visual-token router `recap.catchup` attached, and the lock that makes a prefill and the
-per-request state the model keeps on itself (M-RoPE offsets) one step for concurrent
-requests. Copies of the model (deepcopy, pickle) start with an empty holder."""
+"""What recap keeps with a user's model, in one holder (held by the model, so it goes when
+the model goes): the decoder `recap.generate` uses, the visual-token router `recap.catchup`
+attached, the linear layout and its timing decisions, the measured cost curves, the
+conformance probe's verdict, and the lock that makes a prefill and the per-request state the
+model keeps on itself (M-RoPE offsets) one step for concurrent requests. Copies of the model
+(deepcopy, pickle) start with an empty holder: nothing measured on one model is trusted for
+another."""
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -19,9 +23,16 @@ class ModelState:
         self.decoder: Any = None
         self.router: Any = None
         self.prefill_lock = threading.Lock()
+        self.layout: Any = None  # recap.linear_layout.LinearLayout
+        self.layout_choice: dict[tuple, bool] = {}  # (device, dtype, threads) -> transposed is faster
+        self.cost_curves: dict[tuple, Any] = {}  # (device, dtype, threads, layout) -> budget.CostModel
+        self.conformance: tuple | None = None  # (dtype, device) the probe passed in
 
     def __deepcopy__(self, memo) -> ModelState:
-        return ModelState()
+        fresh = ModelState()
+        if self.layout is not None:  # its copy (inactive, no weight copies) cleans the copied modules
+            fresh.layout = copy.deepcopy(self.layout, memo)
+        return fresh
 
     def __reduce__(self):
         return (ModelState, ())

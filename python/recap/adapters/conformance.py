@@ -11,13 +11,12 @@ so the window's edge is crossed inside the tree.
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 import torch
 
 from recap.adapters.base import ModelAdapter
 from recap.adapters.capability import UnsupportedModelError
+from recap.model_state import state_of
 
 PARENTS = [-1, 0, 1, 2, 0, 4]
 DEPTHS = [0, 1, 2, 3, 1, 2]
@@ -27,8 +26,6 @@ KEEP = np.array([0, 4, 5])  # r, d, e
 # from one-token passes (other matrix shapes), more so in reduced precision; some float64
 # models still take a float32 softmax (Gemma 2), hence 1e-6 there.
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 2e-2}
-
-_PASSED: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
 
 
 def _tree_mask() -> torch.Tensor:
@@ -88,7 +85,8 @@ def probe(adapter: ModelAdapter) -> None:
     """Raises `UnsupportedModelError` naming what failed; passes once per model and dtype."""
     model = adapter.model
     key = (adapter.dtype, str(adapter.lm_head.weight.device))
-    if _PASSED.get(model) == key:
+    state = state_of(model)
+    if state.conformance == key:
         return
     device = adapter.lm_head.weight.device
     window = adapter.sliding_window
@@ -142,7 +140,7 @@ def probe(adapter: ModelAdapter) -> None:
         raise UnsupportedModelError(
             f"{name}: after compacting its KV cache to the accepted path, decoding differs from one-token "
             "decoding (the cache is not croppable per token)")
-    _PASSED[model] = key
+    state.conformance = key
 
 
 def _recrop(cache, n: int):
