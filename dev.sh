@@ -28,7 +28,7 @@ run_tests() {
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets -- -D warnings
   cargo test --workspace --exclude recap-py
-  "$PY" -m ruff check python tests tools
+  "$PY" -m ruff check python tests tools benches
   set +e
   "$PY" -m pytest -q --durations=10 tests "$@"
   rc=$?

@@ -1,0 +1,21 @@
+"""benches/gpu_check.py, the prepared accelerator check, keeps working: its tiny CPU mode."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_runs_in_its_tiny_cpu_mode(tmp_path):
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benches" / "gpu_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    out = tmp_path / "tiny.json"
+    assert check.main(["--tiny", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [int(n) for n in report["cost_ms"]] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert all(v > 0 for v in report["cost_ms"].values())
+    assert report["steps"] > 0 and report["new_tokens"] == 32 and report["tau"] >= 1.0
+    assert report["host_us_per_step"]["host"] > 0
+    assert report["tree_vs_one_token_argmax_agreement"] == 1.0  # float64: a tree pass equals one-token passes
