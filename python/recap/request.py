@@ -91,9 +91,17 @@ def eos_set(eos_token_id: Any) -> set[int]:
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
 
 
+def _beyond_length_and_eos(stopping):
+    """The criteria the loop must ask per committed token; length and EOS it checks itself."""
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    extra = StoppingCriteriaList([c for c in stopping if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
+    return extra if len(extra) else None
+
+
 def _processors_and_stopping(model, gen, input_ids, model_inputs, logits_processor, stopping_criteria, tokenizer):
     from transformers import LogitsProcessorList, StoppingCriteriaList
-    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
     device = input_ids.device
     model._prepare_special_tokens(gen, True, device=device)
@@ -104,9 +112,7 @@ def _processors_and_stopping(model, gen, input_ids, model_inputs, logits_process
     stopping = model._get_stopping_criteria(generation_config=gen,
                                             stopping_criteria=stopping_criteria or StoppingCriteriaList(),
                                             tokenizer=tokenizer)
-    # Length and EOS are checked by the loop itself, per committed token.
-    extra = StoppingCriteriaList([c for c in stopping if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
-    return processors, (extra if len(extra) else None)
+    return processors, _beyond_length_and_eos(stopping)
 
 
 def from_call(model, input_ids, attention_mask, *, max_new_tokens, max_length, eos_token_id, streamer,
@@ -139,9 +145,6 @@ def from_transformers(model, input_ids, logits_processor, stopping_criteria, gen
     """`model.generate(..., custom_generate=recap.generate)`: transformers has merged the
     generation config, built the processors and stopping criteria and sent the prompt to the
     streamer; the loop takes them as they are."""
-    from transformers import StoppingCriteriaList
-    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
-
     gen = generation_config
     _refuse_unsupported(gen)
     model_kwargs = dict(model_kwargs)
@@ -157,7 +160,5 @@ def from_transformers(model, input_ids, logits_processor, stopping_criteria, gen
     if max_new <= 0:
         raise ValueError(f"max_length: expected more than the prompt's {prompt_len} tokens, got {gen.max_length}")
     eos = eos_set(gen.eos_token_id)
-    extra = StoppingCriteriaList([c for c in stopping_criteria
-                                  if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
     return Request(input_ids, attention_mask, max_new, eos, TokenChooser(logits_processor, gen.do_sample, seed),
-                   extra if len(extra) else None, streamer, True, model_kwargs)
+                   _beyond_length_and_eos(stopping_criteria), streamer, True, model_kwargs)
