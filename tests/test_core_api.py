@@ -8,6 +8,7 @@ import recap
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from recap import Drafter, PersistentMemory, RecapConfig
+from recap._core import recap_defaults
 
 V = 50
 
@@ -129,11 +130,36 @@ def test_bad_configuration_raises_value_error(kwargs, fragment):
         Drafter.recap(V, **kwargs)
 
 
-def test_config_dataclass_validates_before_the_core():
-    with pytest.raises(ValueError, match="budget: expected 0 <= budget <= 4096 or \"auto\", got -3"):
+def test_config_dataclass_validates_through_the_core():
+    with pytest.raises(ValueError, match="budget: expected a value >= 0, got -3"):
         RecapConfig(budget=-3)
     with pytest.raises(ValueError, match="fusion"):
         RecapConfig(fusion="max")
+    with pytest.raises(ValueError, match="max_budget: expected 0..=4096, got 5000"):
+        RecapConfig(max_budget=5000)
+    with pytest.raises(ValueError, match="budget: expected an int or \"auto\", got 'fast'"):
+        RecapConfig(budget="fast")
+
+
+def test_configuration_has_one_source_of_truth():
+    """The dataclass's defaults are the core's, and a drafter built from RecapConfig() drafts
+    exactly what the core's own defaults draft."""
+    d = recap_defaults()
+    c = RecapConfig(budget=d["max_budget"])
+    assert (c.k, c.max_budget, c.max_depth, c.fusion, c.context_capacity, c.memory_capacity) == (
+        d["k"], d["max_budget"], d["max_depth"], d["fusion"], d["context_capacity"], d["memory_capacity"])
+    assert c.eta == pytest.approx(tuple(d["eta"])) and c.priors == pytest.approx(tuple(d["priors"]))
+    assert c.suffix_tokens == d["suffix_len"] and RecapConfig().suffix_tokens == d["auto_suffix_cap"]
+    history = np.array([3, 5, 7, 3, 5, 9, 3, 5, 7, 11, 3, 5], dtype=np.int64)
+    rng = np.random.default_rng(0)
+    ids = np.argsort(-rng.random((len(history), V)), axis=1)[:, :8].astype(np.int64)
+    probs = np.sort(rng.random((len(history), 8)).astype(np.float32), axis=1)[:, ::-1].copy()
+    trees = []
+    for drafter in (c.new_drafter(V), Drafter.recap(V)):
+        drafter.begin(history)
+        drafter.seed(ids, probs)
+        trees.append(drafter.propose())
+    assert trees[0].tokens.tolist() == trees[1].tokens.tolist() and len(trees[0]) > 1
 
 
 def test_bad_input_gets_clear_exceptions():

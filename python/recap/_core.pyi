@@ -9,6 +9,15 @@ __version__: str
 
 IntArray = npt.NDArray[np.int64] | npt.NDArray[np.int32] | Sequence[int]
 
+def recap_defaults() -> dict[str, object]:
+    """Defaults and limits of every RECAP setting (the one source of truth)."""
+
+def check_recap_config(
+    *, k: int, budget: int, max_budget: int, max_depth: int, eta: Sequence[float],
+    priors: tuple[float, float, float], fusion: str, suffix_len: int, context_capacity: int,
+    memory_capacity: int,
+) -> None: ...
+
 class PersistentMemory:
     def __init__(self, vocab_size: int, *, k: int = 8, capacity: int = 49152) -> None: ...
     @property
@@ -44,15 +53,15 @@ class Drafter:
     def recap(
         vocab_size: int,
         *,
-        k: int = 8,
-        budget: int = 63,
-        max_depth: int = 10,
+        k: int | None = None,
+        budget: int | None = None,
+        max_depth: int | None = None,
         eta: Sequence[float] | None = None,
-        priors: tuple[float, float, float] = (0.7, 0.2, 0.1),
-        fusion: str = "prior_confidence",
-        suffix_len: int = 4,
+        priors: tuple[float, float, float] | None = None,
+        fusion: str | None = None,
+        suffix_len: int | None = None,
         suffix_adaptive: bool = False,
-        context_capacity: int = 8192,
+        context_capacity: int | None = None,
         seed_context: bool = False,
         reset_memory: bool = False,
         excluded: IntArray | None = None,

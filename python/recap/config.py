@@ -1,18 +1,21 @@
-"""The knobs of the RECAP drafter, validated in one place (the Rust core validates again)."""
+"""The knobs of the RECAP drafter. Their defaults, limits and validation live once, in the
+Rust core (`recap._core.recap_defaults`, `recap._core.check_recap_config`); this dataclass
+adds only what is Python's: the ``"auto"`` choices and the type checks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recap._core import Drafter, PersistentMemory
+from recap._core import Drafter, PersistentMemory, check_recap_config, recap_defaults
 
-FUSION_MODES = ("unigram", "backoff", "uniform", "prior", "prior_confidence")
-DEFAULT_ETA = (0.68, 0.63, 0.50, 0.43, 0.40, 0.38)
+_D = recap_defaults()
+FUSION_MODES = tuple(_D["fusion_modes"])
+DEFAULT_ETA = tuple(_D["eta"])
 AUTO = "auto"
-#: Longest suffix chain with ``suffix_len="auto"`` (min(16, 1 + 4 * match length)).
-AUTO_SUFFIX_CAP = 16
+#: Longest suffix chain with ``suffix_len="auto"`` and an automatic budget.
+AUTO_SUFFIX_CAP = _D["auto_suffix_cap"]
 #: Suffix chain length with ``suffix_len="auto"`` and a fixed budget (the method's setting).
-FIXED_BUDGET_SUFFIX = 4
+FIXED_BUDGET_SUFFIX = _D["suffix_len"]
 
 
 @dataclass(frozen=True)
@@ -24,49 +27,47 @@ class RecapConfig:
       tokens per second on this model and hardware (see `recap.budget`); an int verifies
       exactly that many (the method's published setting is 63).
     - ``suffix_len``: suffix continuation tokens grafted from the root. ``"auto"`` (default):
-      with ``budget="auto"`` the chain follows the match length, min(16, 1 + 4 * match
+      with ``budget="auto"`` the chain follows the match length, min(cap, 1 + 4 * match
       length), and the budget logic weighs its nodes by their own observed acceptance; with a
       fixed budget it is the method's 4. An int is always that many.
     """
 
-    k: int = 8
+    k: int = _D["k"]
     budget: int | str = AUTO
-    max_budget: int = 63
-    max_depth: int = 10
+    max_budget: int = _D["max_budget"]
+    max_depth: int = _D["max_depth"]
     eta: tuple[float, ...] = DEFAULT_ETA
-    priors: tuple[float, float, float] = (0.70, 0.20, 0.10)
-    fusion: str = "prior_confidence"
+    priors: tuple[float, float, float] = tuple(_D["priors"])
+    fusion: str = _D["fusion"]
     suffix_len: int | str = AUTO
-    context_capacity: int = 8192
+    context_capacity: int = _D["context_capacity"]
     seed_context: bool = False
     reset_memory: bool = False
-    memory_capacity: int = 49_152
+    memory_capacity: int = _D["memory_capacity"]
     excluded: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        def need(cond: bool, name: str, expected: str, got: object) -> None:
-            if not cond:
-                raise ValueError(f"{name}: expected {expected}, got {got!r}")
-
         for name in ("k", "budget", "max_budget", "max_depth", "suffix_len", "context_capacity",
                      "memory_capacity"):
             v = getattr(self, name)
             auto_ok = name in ("budget", "suffix_len") and v == AUTO
-            need(auto_ok or (isinstance(v, int) and not isinstance(v, bool)), name,
-                 'an int or "auto"' if name in ("budget", "suffix_len") else "an int", v)
-        need(1 <= self.k <= 64, "k", "1 <= k <= 64", self.k)
-        need(self.auto_budget or 0 <= self.budget <= 4096, "budget", '0 <= budget <= 4096 or "auto"',
-             self.budget)
-        need(0 <= self.max_budget <= 4096, "max_budget", "0 <= max_budget <= 4096", self.max_budget)
-        need(1 <= self.max_depth <= 256, "max_depth", "1 <= max_depth <= 256", self.max_depth)
-        need(self.suffix_len == AUTO or 0 <= self.suffix_len <= 256, "suffix_len",
-             '0 <= suffix_len <= 256 or "auto"', self.suffix_len)
-        need(self.fusion in FUSION_MODES, "fusion", f"one of {FUSION_MODES}", self.fusion)
-        need(len(self.eta) > 0 and all(0 < e <= 1 for e in self.eta), "eta", "values in (0, 1]", self.eta)
-        need(len(self.priors) == 3 and all(p >= 0 for p in self.priors) and sum(self.priors) > 0,
-             "priors", "three values >= 0 with a positive sum", self.priors)
-        need(self.memory_capacity >= 1, "memory_capacity", ">= 1", self.memory_capacity)
-        need(self.context_capacity >= 1, "context_capacity", ">= 1", self.context_capacity)
+            if not (auto_ok or (isinstance(v, int) and not isinstance(v, bool))):
+                expected = 'an int or "auto"' if name in ("budget", "suffix_len") else "an int"
+                raise ValueError(f"{name}: expected {expected}, got {v!r}")
+        if not isinstance(self.fusion, str):
+            raise ValueError(f"fusion: expected one of {FUSION_MODES}, got {self.fusion!r}")
+        try:
+            eta, priors = [float(e) for e in self.eta], tuple(float(p) for p in self.priors)
+        except (TypeError, ValueError):
+            raise ValueError(f"eta, priors: expected sequences of numbers, got {self.eta!r}, "
+                             f"{self.priors!r}") from None
+        if len(priors) != 3:
+            raise ValueError(f"priors: expected three values (G, C, U), got {self.priors!r}")
+        check_recap_config(
+            k=self.k, budget=self.tree_budget, max_budget=self.max_budget,
+            max_depth=self.max_depth, eta=eta, priors=priors, fusion=self.fusion,
+            suffix_len=self.suffix_tokens, context_capacity=self.context_capacity,
+            memory_capacity=self.memory_capacity)
 
     @property
     def auto_budget(self) -> bool:

@@ -39,14 +39,20 @@ impl SearchParams {
     pub const MAX_BUDGET: usize = 4096;
     pub const MAX_DEPTH: u32 = 256;
 
-    pub fn validate(&self) -> Result<()> {
-        if self.budget > Self::MAX_BUDGET {
+    /// A tree budget (`name` says which knob) within 0..=MAX_BUDGET.
+    pub fn check_budget(name: &'static str, budget: usize) -> Result<()> {
+        if budget > Self::MAX_BUDGET {
             return Err(Error::invalid(
-                "budget",
+                name,
                 format!("0..={}", Self::MAX_BUDGET),
-                self.budget,
+                budget,
             ));
         }
+        Ok(())
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        Self::check_budget("budget", self.budget)?;
         if !(1..=Self::MAX_DEPTH).contains(&self.max_depth) {
             return Err(Error::invalid(
                 "max_depth",

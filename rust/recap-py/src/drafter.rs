@@ -9,14 +9,11 @@ use recap_core::peers::{
     Autoregressive, PromptLookup, SamDrafter, SuffixTreeConfig, SuffixTreeDrafter, TokenRecycling,
     TR_LEVELS,
 };
-use recap_core::search::DEFAULT_ETA;
 use recap_core::token_set::TokenSet;
-use recap_core::{
-    DraftSession, FusionMode, Priors, RecapConfig, RecapDrafter, SearchParams, SharedMemory,
-    TopKRows,
-};
+use recap_core::{DraftSession, RecapConfig, RecapDrafter, SharedMemory, TopKRows};
 
 use crate::arrays::{ids_1d, ids_2d, probs_2d};
+use crate::config::{nonneg, Knobs};
 use crate::errors::to_py;
 
 type IdsArray<'py> = Bound<'py, PyArray1<i64>>;
@@ -149,19 +146,6 @@ pub struct Drafter {
     memory: Option<Py<PersistentMemory>>,
 }
 
-fn parse_priors(p: (f32, f32, f32)) -> Priors {
-    Priors {
-        g: p.0,
-        c: p.1,
-        u: p.2,
-    }
-}
-
-fn nonneg(name: &str, v: i64) -> PyResult<usize> {
-    usize::try_from(v)
-        .map_err(|_| PyValueError::new_err(format!("{name}: expected a value >= 0, got {v}")))
-}
-
 fn excluded_set(vocab_size: usize, excluded: Option<&Bound<'_, PyAny>>) -> PyResult<TokenSet> {
     let ids = match excluded {
         Some(obj) => ids_1d("excluded", obj)?,
@@ -211,46 +195,46 @@ impl Drafter {
 #[pymethods]
 impl Drafter {
     /// A RECAP drafter. `memory` is a PersistentMemory to share; a private one is created
-    /// when it is None.
+    /// when it is None. Settings left as None take `recap_defaults()`.
     #[staticmethod]
-    #[pyo3(signature = (vocab_size, *, k = 8, budget = 63, max_depth = 10, eta = None,
-        priors = (0.70, 0.20, 0.10), fusion = "prior_confidence", suffix_len = 4,
-        suffix_adaptive = false, context_capacity = 8192, seed_context = false, reset_memory = false,
-        excluded = None, memory = None))]
+    #[pyo3(signature = (vocab_size, *, k = None, budget = None, max_depth = None, eta = None,
+        priors = None, fusion = None, suffix_len = None, suffix_adaptive = false,
+        context_capacity = None, seed_context = false, reset_memory = false, excluded = None,
+        memory = None))]
     #[allow(clippy::too_many_arguments)]
     fn recap(
         py: Python<'_>,
         vocab_size: i64,
-        k: i64,
-        budget: i64,
-        max_depth: i64,
+        k: Option<i64>,
+        budget: Option<i64>,
+        max_depth: Option<i64>,
         eta: Option<Vec<f32>>,
-        priors: (f32, f32, f32),
-        fusion: &str,
-        suffix_len: i64,
+        priors: Option<(f32, f32, f32)>,
+        fusion: Option<&str>,
+        suffix_len: Option<i64>,
         suffix_adaptive: bool,
-        context_capacity: i64,
+        context_capacity: Option<i64>,
         seed_context: bool,
         reset_memory: bool,
         excluded: Option<&Bound<'_, PyAny>>,
         memory: Option<Py<PersistentMemory>>,
     ) -> PyResult<Self> {
         let vocab_size = nonneg("vocab_size", vocab_size)?;
-        let config = RecapConfig {
-            k: nonneg("k", k)?,
-            search: SearchParams {
-                budget: nonneg("budget", budget)?,
-                max_depth: u32::try_from(nonneg("max_depth", max_depth)?).unwrap_or(u32::MAX),
-                eta: eta.unwrap_or_else(|| DEFAULT_ETA.to_vec()),
-            },
-            priors: parse_priors(priors),
-            fusion: FusionMode::parse(fusion).map_err(to_py)?,
-            suffix_len: nonneg("suffix_len", suffix_len)?,
+        let d = RecapConfig::default();
+        let config = Knobs {
+            k: k.unwrap_or(d.k as i64),
+            budget: budget.unwrap_or(d.search.budget as i64),
+            max_depth: max_depth.unwrap_or(i64::from(d.search.max_depth)),
+            eta,
+            priors: priors.unwrap_or((d.priors.g, d.priors.c, d.priors.u)),
+            fusion: fusion.unwrap_or(d.fusion.name()),
+            suffix_len: suffix_len.unwrap_or(d.suffix_len as i64),
             suffix_adaptive,
-            context_capacity: nonneg("context_capacity", context_capacity)?,
+            context_capacity: context_capacity.unwrap_or(d.context_capacity as i64),
             seed_context,
-            reset_unigram: reset_memory,
-        };
+            reset_memory,
+        }
+        .build()?;
         let excluded = match excluded {
             Some(obj) => ids_1d("excluded", obj)?,
             None => Vec::new(),

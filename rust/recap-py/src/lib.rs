@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 mod arrays;
+mod config;
 mod drafter;
 mod errors;
 
@@ -11,5 +12,6 @@ mod errors;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     drafter::init(m)?;
+    config::init(m)?;
     Ok(())
 }
