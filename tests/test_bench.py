@@ -66,9 +66,12 @@ def test_a_mismatch_is_counted():
     b.run(PROMPTS[:1], progress=False)
     assert b.summary()["overall"]["pld"]["mismatches"] == 0
     pld = next(r for r in b.runs if r.label == "pld")
-    pld.output = [t + 1 for t in pld.output]
+    assert b.summary()["overall"]["pld"]["first_divergence"] is None
+    pld.output = pld.output[:2] + [t + 1 for t in pld.output[2:]]
     b.compare(pld.prompt)
-    assert b.summary()["overall"]["pld"]["mismatches"] == 1
+    overall = b.summary()["overall"]["pld"]
+    assert overall["mismatches"] == 1 and overall["first_divergence"] == 2 and pld.first_diff == 2
+    assert "| 1/1 (2) |" in b.markdown()
 
 
 @pytest.mark.parametrize("text, error", [("nope", "drafter: expected one of"), ("recap@x", "NAME@INT")])

@@ -47,3 +47,20 @@ def test_bench_command_runs_end_to_end(tmp_path):
                  "--max-new-tokens", "8", "--out", str(tmp_path), "--quiet"])
     assert code == 0
     assert {p.name for p in tmp_path.iterdir()} >= {"bench.json", "bench.md"}
+
+
+def test_bench_reports_agreement_in_reduced_precision(tmp_path):
+    """--dtype bfloat16: the model runs in bfloat16, the report carries the dtype and an
+    agreement figure per drafter, and differences from ar do not fail the command."""
+    import json
+
+    from recap.cli import main
+
+    code = main(["bench", "--drafters", "recap", "--dtype", "bfloat16", "--sets", "summarisation", "--per-set", "1",
+                 "--max-new-tokens", "8", "--out", str(tmp_path), "--quiet"])
+    assert code == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["meta"]["dtype"] == "bfloat16" and "bfloat16" in report["meta"]["model"]
+    overall = report["summary"]["overall"]
+    assert set(overall) == {"ar", "recap", "hf_pld"}
+    assert all("first_divergence" in f and 0 <= f["mismatches"] <= f["prompts"] for f in overall.values())

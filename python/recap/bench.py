@@ -7,7 +7,8 @@ state across prompts, as in real use. Outputs are compared token for token with 
 
 Reported per data set and overall: tau (bonus included), tokens/s, speedup over `ar` in the
 same run, mean verified tree size, host microseconds per step by phase, forward milliseconds
-per step, and mismatching prompts. transformers' own prompt lookup
+per step, mismatching prompts and, over those, the mean number of tokens that agreed before
+the first difference (the agreement figure of reduced-precision runs). transformers' own prompt lookup
 (`generate(prompt_lookup_num_tokens=10)`) runs alongside as an external anchor.
 
 With `sampling` (e.g. do_sample=True, temperature=0.7), every drafter samples with the same
@@ -86,6 +87,9 @@ class Run:
     cost: dict | None = None
     output: list[int] = field(default_factory=list)
     equal: bool | None = None
+    #: Index of the first token that differs from ar's output for the same turn (None: equal,
+    #: or not compared).
+    first_diff: int | None = None
 
 
 class _ForwardCounter:
@@ -173,12 +177,15 @@ class Bench:
         self.compare(prompt.id)
 
     def compare(self, prompt_id: str) -> None:
-        """Marks each run of the prompt equal or not to ar's output for the same turn."""
+        """Marks each run of the prompt equal or not to ar's output for the same turn, and
+        where they first differ."""
         reference = {r.turn: r.output for r in self.runs if r.prompt == prompt_id and r.label == "ar"}
         for r in self.runs:
             if r.prompt == prompt_id:
                 sampled_anchor = self.sampling and r.label not in self.decoders
-                r.equal = None if sampled_anchor else r.output == reference.get(r.turn)
+                want = reference.get(r.turn)
+                r.equal = None if sampled_anchor else r.output == want
+                r.first_diff = None if r.equal is not False else _first_diff(r.output, want or [])
 
     def run(self, prompts: list[Prompt], progress: bool = True, checkpoint: Path | None = None,
             meta: dict | None = None) -> None:
@@ -220,6 +227,7 @@ class Bench:
                     "observed_accepted": sum(r.observed_accepted for r in mine) / max(steps, 1),
                     "mismatches": len({r.prompt for r in mine if r.equal is False}),
                     "prompts": len({r.prompt for r in mine}),
+                    "first_divergence": _mean_first_divergence(mine),
                 }
         return out
 
@@ -227,7 +235,7 @@ class Bench:
         summ = self.summary()
         sets = list(summ)
         lines = ["| drafter | " + " | ".join(f"{s} tau / speedup" for s in sets)
-                 + " | tree | host us/step (draft, pack, update, kv) | fwd ms/step | mismatches |",
+                 + " | tree | host us/step (draft, pack, update, kv) | fwd ms/step | mismatches (first diff) |",
                  "|---" * (len(sets) + 5) + "|"]
         for e in self.entries:
             o = summ["overall"].get(e.label)
@@ -241,8 +249,9 @@ class Bench:
                     f"{o['compact_us']:.0f})" if e.label in self.decoders else "n/a")
             fwd = f"{o['forward_ms']:.1f}" if e.label in self.decoders else "n/a"
             tree = f"{o['mean_tree']:.1f}" if e.label in self.decoders else "n/a"
-            lines.append(f"| {e.label} | " + " | ".join(cells)
-                         + f" | {tree} | {host} | {fwd} | {o['mismatches']}/{o['prompts']} |")
+            div = o["first_divergence"]
+            agree = f"{o['mismatches']}/{o['prompts']}" + (f" ({div:.0f})" if div is not None else "")
+            lines.append(f"| {e.label} | " + " | ".join(cells) + f" | {tree} | {host} | {fwd} | {agree} |")
         return "\n".join(lines)
 
     def save(self, folder: Path, meta: dict, plot: bool = True) -> list[Path]:
@@ -256,6 +265,29 @@ class Bench:
         if plot and _plot(self.summary(), [e.label for e in self.entries], png):
             written.append(png)
         return written
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def _mean_first_divergence(runs: list[Run]) -> float | None:
+    """Mean, over the prompts that differ from ar, of how many tokens matched before the first
+    difference (turns in order; a prompt's equal turns count whole)."""
+    by_prompt: dict[str, list[Run]] = {}
+    for r in runs:
+        by_prompt.setdefault(r.prompt, []).append(r)
+    positions = []
+    for turns in by_prompt.values():
+        turns.sort(key=lambda r: r.turn)
+        if any(r.equal is False for r in turns):
+            before = 0
+            for r in turns:
+                if r.equal is False:
+                    positions.append(before + (r.first_diff or 0))
+                    break
+                before += r.new_tokens
+    return sum(positions) / len(positions) if positions else None
 
 
 def _plot(summary: dict, labels: list[str], path: Path) -> bool:

@@ -66,7 +66,10 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if all(r[1] for r in rows) else 1
 
 
-def _load_local(path: str):
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+def _load_local(path: str, dtype: str = "float32"):
     """(model, tokenizer, encode, is_vision) of a local model folder. Vision-language models
     get their processor; an image prompt's image goes first in the user turn."""
     import torch
@@ -79,7 +82,7 @@ def _load_local(path: str):
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         proc = AutoProcessor.from_pretrained(path)
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
 
         def encode(messages, image):
             turns = []
@@ -95,7 +98,7 @@ def _load_local(path: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     return model, tok, lambda messages, image: _encode(tok, messages), False
 
 
@@ -115,14 +118,14 @@ def bench(args: argparse.Namespace) -> int:
     if args.model is None:
         from recap.models import load_smollm2
 
-        model, tok = load_smollm2(threads=args.threads)
-        model_name = "SmolLM2-135M-Instruct (float32)"
+        model, tok = load_smollm2(threads=args.threads, dtype=getattr(torch, args.dtype))
+        model_name = f"SmolLM2-135M-Instruct ({args.dtype})"
         encode = lambda messages, image: _encode(tok, messages)  # noqa: E731
     else:
         if args.threads:
             torch.set_num_threads(args.threads)
-        model, tok, encode, vision = _load_local(args.model)
-        model_name = args.model
+        model, tok, encode, vision = _load_local(args.model, args.dtype)
+        model_name = f"{args.model} ({args.dtype})"
     print(f"loaded {model_name} ({torch.get_num_threads()} threads) in {time.perf_counter() - t0:.1f} s")
     prompts = load_prompts(args.prompts, sets=args.sets, per_set=args.per_set, images=vision)
     if not prompts:
@@ -138,7 +141,8 @@ def bench(args: argparse.Namespace) -> int:
     print(f"{len(prompts)} prompts ({', '.join(sorted({p.set for p in prompts}))}), drafters "
           f"{', '.join(e.label for e in b.entries)}, budget {args.budget}, {args.max_new_tokens} new tokens")
     b.warm_up(image=next((p.image for p in prompts if p.image is not None), None))
-    meta = {"model": model_name, "budget": args.budget, "max_new_tokens": args.max_new_tokens, "sampling": sampling,
+    meta = {"model": model_name, "dtype": args.dtype, "budget": args.budget, "max_new_tokens": args.max_new_tokens,
+            "sampling": sampling,
             "seed": args.seed,
             "prompts": len(prompts), "linear_layout": b.decoders["ar"].linear_layout_used, "machine": machine()}
     print(f"linear layout: {meta['linear_layout']}")
@@ -147,7 +151,11 @@ def bench(args: argparse.Namespace) -> int:
     print(b.markdown())
     written = b.save(Path(args.out), meta)
     print("\nwrote " + ", ".join(str(p) for p in written))
-    bad = sum(f["mismatches"] for f in b.summary()["overall"].values())
+    bad = sum(f["mismatches"] for label, f in b.summary()["overall"].items() if label in b.decoders)
+    if bad and args.dtype in ("bfloat16", "float16"):
+        # Expected: a tree pass rounds differently from one-token passes and near-ties flip.
+        print(f"{bad} prompt(s) differ from ar's output in {args.dtype} (the agreement figures above)")
+        return 0
     if bad:
         print(f"{bad} prompt(s) differ from ar's output", file=sys.stderr)
     return 1 if bad else 0
@@ -227,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--prompts", default=None, help="a JSONL of {set, id, turns} (default: the shipped set)")
     b.add_argument("--model", default=None, help="a local transformers model folder (default: SmolLM2-135M)")
     b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="model dtype; in bfloat16/float16 the table's last column is the agreement with ar")
     b.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md and bench.png")
     b.add_argument("--no-anchor", dest="anchor", action="store_false",
                    help="skip transformers' prompt lookup anchor")

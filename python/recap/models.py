@@ -23,8 +23,9 @@ def smollm2_path() -> Path:
     return folder
 
 
-def load_smollm2(threads: int | None = None):
-    """(model, tokenizer) of SmolLM2-135M-Instruct in float32 on the CPU (dequantised from GGUF)."""
+def load_smollm2(threads: int | None = None, dtype=None):
+    """(model, tokenizer) of SmolLM2-135M-Instruct on the CPU, dequantised from GGUF to float32
+    and then cast to `dtype` when one is given."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -33,4 +34,6 @@ def load_smollm2(threads: int | None = None):
     folder = str(smollm2_path())
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_NAME, dtype=torch.float32)
+    if dtype is not None:
+        model = model.to(dtype)
     return model.eval(), tok
