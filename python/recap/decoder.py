@@ -26,6 +26,7 @@ from recap.model_state import peek, state_of
 from recap.request import UNSET, Request, from_call
 from recap.sampling import TokenChooser, walk
 from recap.stats import GenerationStats
+from recap.step_buffers import StepBuffers
 
 PREFILL_SEED_CHUNK = 256  # prompt positions per LM-head chunk when seeding (bounds memory)
 COST_PUSH_EVERY = 16  # steps between refreshes of the cost curve the drafter sizes trees with
@@ -200,7 +201,9 @@ class Decoder:
 
         drafter = self._drafter
         adapter = self.adapter
-        cache = adapter.new_cache()
+        # Room for the prompt, every new token and one more tree (the cache grows past it if needed).
+        cache_size = input_ids.shape[1] + min(max_new, 1 << 16) + drafter.max_nodes + 1
+        cache = adapter.new_cache(cache_size)
         # A family that keeps per-request state on the model (M-RoPE offsets) prefills under the
         # model's lock, so a concurrent request cannot overwrite the state before it is read.
         shared = state_of(model).prefill_lock if adapter.keeps_request_state else contextlib.nullcontext()
@@ -222,28 +225,26 @@ class Decoder:
             drafter.begin(np.asarray(prompt + [first], dtype=np.int64))
             drafter.seed(seed_ids, seed_probs)
         past = len(prompt)
-        dtype = adapter.dtype
         k = self.config.k
+        bufs = StepBuffers(drafter.max_nodes, cache_size, adapter.dtype, device)
         phase = stats.phase_s
         while not done:
             t0 = time.perf_counter()
-            tree = drafter.propose()
+            n = bufs.draft(drafter)
             t1 = time.perf_counter()
-            n = len(tree)
-            tokens = torch.from_numpy(tree.tokens).to(device).unsqueeze(0)
-            depths = torch.from_numpy(tree.depths).to(device)
-            mask = adapter.attention_mask(torch.from_numpy(tree.mask).to(device), depths, past, dtype)
+            tokens = bufs.tokens_t[:n].to(device).unsqueeze(0)
+            depths = bufs.depths_t[:n].to(device)
+            mask = adapter.per_layer_type(bufs.full_mask(n, past), depths, past, int(bufs.depths[:n].max()))
             positions = adapter.tree_positions(past, depths, offset)
             t2 = time.perf_counter()
             logits = adapter.forward(cache, tokens, mask, positions)
             packed = self._topk_packed(logits, k)
             t3 = time.perf_counter()
-            pred = packed[:, 0].astype(np.int64)
             if not chooser.plain_greedy:  # processed / sampled: walk the tree with this position's own picks
-                walk(chooser, tree.tokens, tree.parents, logits, prompt + out, len(out), pred)
-            ids = packed[:, 1:1 + k].astype(np.int64)
-            probs = np.ascontiguousarray(packed[:, 1 + k:])
-            path, committed = drafter.observe(pred, ids, probs)
+                pred = packed[:, 0].astype(np.int64)
+                walk(chooser, bufs.tokens[:n], bufs.parents[:n], logits, prompt + out, len(out), pred)
+                packed[:, 0] = pred
+            path, committed = drafter.observe_packed(packed, k)
             t4 = time.perf_counter()
             adapter.compact_cache(cache, path, n)
             past += len(path)

@@ -13,6 +13,9 @@ import math
 import numpy as np
 import torch
 
+from recap.kv_cache import DEFAULT_CAPACITY, SlabCache
+from recap.step_buffers import masked_value
+
 # Attention layer types whose cache is a plain key/value list (cropped and gathered per token).
 ATTENTION_TYPES = ("full_attention", "sliding_attention")
 PLACEHOLDER_ATTRS = ("image_token_id", "video_token_id", "image_token_index", "video_token_index")
@@ -85,19 +88,21 @@ class ModelAdapter:
         return self.lm_head.weight.dtype
 
     # ---- cache -----------------------------------------------------------------------------
-    def new_cache(self):
-        """Every attention layer keeps all its entries, sliding ones included: the window is
-        applied by the mask, so rejected tree entries can be dropped without losing the
+    def new_cache(self, capacity: int = DEFAULT_CAPACITY):
+        """A `recap.kv_cache.SlabCache` sized for `capacity` entries per layer (it grows past
+        them). Every attention layer keeps all its entries, sliding ones included: the window
+        is applied by the mask, so rejected tree entries can be dropped without losing the
         entries a sliding cache would have evicted to make room for them. (Memory therefore
         grows with the sequence on sliding layers too.)"""
-        from transformers import DynamicCache
-
-        return DynamicCache()
+        return SlabCache(len(self.layer_types), capacity)
 
     def compact_cache(self, cache, path: np.ndarray, tree_len: int) -> None:
         """Keep the prefix, the root and the accepted nodes of the tree just verified. The tree
         is the last `tree_len` entries of every layer; layers may hold prefixes of different
         lengths (visual-token routing keeps fewer prompt tokens in deeper layers)."""
+        if isinstance(cache, SlabCache):
+            cache.keep(path, tree_len)
+            return
         accepted = len(path)
         if np.array_equal(path, np.arange(accepted)):
             drop = tree_len - accepted
@@ -132,23 +137,29 @@ class ModelAdapter:
 
     def attention_mask(self, tree_mask: torch.Tensor, depths: torch.Tensor, past: int, dtype: torch.dtype):
         """Additive 4D mask [1, 1, T, past + T]: every node sees the committed prefix and, within
-        the tree, its ancestors and itself (`tree_mask`, T x T bool). Sliding-window layers see
-        only the last `window` positions of the path a node would have been generated on, as
-        one-token decoding would; models with both layer types get a mapping per type."""
+        the tree, its ancestors and itself (`tree_mask`, T x T bool); per layer type as
+        `per_layer_type` makes it."""
         n = tree_mask.shape[0]
-        neg = torch.finfo(dtype).min
         full = torch.zeros(1, 1, n, past + n, dtype=dtype, device=tree_mask.device)
-        full[0, 0, :, past:].masked_fill_(~tree_mask, neg)
+        full[0, 0, :, past:].masked_fill_(~tree_mask, masked_value(dtype))
+        return self.per_layer_type(full, depths, past, int(depths.max()))
+
+    def per_layer_type(self, full: torch.Tensor, depths: torch.Tensor, past: int, max_depth: int):
+        """The mask a tree pass takes, from its full-attention form `full`. Sliding-window
+        layers see only the last `window` positions of the path a node would have been
+        generated on, as one-token decoding would; models with both layer types get a mapping
+        per type. `max_depth` is the deepest node's depth, from the host (no device sync)."""
         w = self.sliding_window
         masks = {"full_attention": full}
         if w is not None:
             masks["sliding_attention"] = full
-            q = depths.to(tree_mask.device) + past  # the index each node would have had
-            if int(q.max()) - w >= 0:  # some node's window starts inside the sequence
-                cols = torch.arange(past + n, device=tree_mask.device)
-                key_index = torch.cat([cols[:past], depths.to(tree_mask.device) + past])
+            n = full.shape[-2]
+            q = depths.to(full.device) + past  # the index each node would have had
+            if past + max_depth - w >= 0:  # some node's window starts inside the sequence
+                cols = torch.arange(past + n, device=full.device)
+                key_index = torch.cat([cols[:past], q])
                 outside = key_index.unsqueeze(0) <= (q - w).unsqueeze(1)
-                masks["sliding_attention"] = full.masked_fill(outside[None, None], neg)
+                masks["sliding_attention"] = full.masked_fill(outside[None, None], masked_value(full.dtype))
         if len(self.mask_types) == 1:
             return masks[self.mask_types[0]]
         return {t: masks[t] for t in self.mask_types}

@@ -245,6 +245,20 @@ impl DraftTree {
         }
     }
 
+    /// The additive form of the ancestor mask: 0 where row i may attend, `masked` elsewhere.
+    pub fn write_additive_mask(&self, out: &mut [f32], masked: f32) {
+        let n = self.len();
+        assert_eq!(out.len(), n * n, "mask buffer must hold T*T entries");
+        out.fill(masked);
+        for i in 0..n {
+            if let Ok(p) = usize::try_from(self.parents[i]) {
+                let (before, row) = out.split_at_mut(i * n);
+                row[..n].copy_from_slice(&before[p * n..p * n + n]);
+            }
+            out[i * n + i] = 0.0;
+        }
+    }
+
     pub fn ancestor_mask(&self) -> Vec<bool> {
         let mut m = vec![false; self.len() * self.len()];
         self.write_ancestor_mask(&mut m);
@@ -298,9 +312,13 @@ mod tests {
         fn mask_matches_a_naive_ancestor_matrix(t in arb_tree()) {
             let m = t.ancestor_mask();
             let n = t.len();
+            let mut additive = vec![1.0f32; n * n];
+            t.write_additive_mask(&mut additive, -7.0);
             for i in 0..n {
                 for j in 0..n {
                     prop_assert_eq!(m[i * n + j], naive_ancestor(&t, i, j));
+                    let want = if m[i * n + j] { 0.0 } else { -7.0 };
+                    prop_assert_eq!(additive[i * n + j], want);
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! Python classes: `PersistentMemory` (shared U), `Drafter` (one request stream) and
 //! `DraftTree` (the packed tree of one step).
 
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadwriteArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use recap_core::memory::UnigramTable;
@@ -15,6 +15,7 @@ use recap_core::{DraftSession, RecapConfig, RecapDrafter, SharedMemory, TopKRows
 use crate::arrays::{ids_1d, ids_2d, probs_2d};
 use crate::config::{nonneg, Knobs};
 use crate::errors::to_py;
+use crate::step;
 
 type IdsArray<'py> = Bound<'py, PyArray1<i64>>;
 
@@ -471,6 +472,35 @@ impl Drafter {
                 Ok((path, committed))
             })
             .map_err(to_py)?;
+        Ok((path.into_pyarray(py), committed.into_pyarray(py)))
+    }
+
+    /// Drafts the next tree into the caller's buffers (allocated once per request): tokens,
+    /// parents and depths [>= T] (int64) and the T x T additive mask block (float32, flat,
+    /// >= T*T; 0 where a node sees a column, `masked` elsewhere). Returns T.
+    fn propose_into(
+        &mut self,
+        py: Python<'_>,
+        tokens: PyReadwriteArray1<'_, i64>,
+        parents: PyReadwriteArray1<'_, i64>,
+        depths: PyReadwriteArray1<'_, i64>,
+        block: PyReadwriteArray1<'_, f32>,
+        masked: f32,
+    ) -> PyResult<usize> {
+        let session = &mut self.session;
+        py.detach(|| session.propose().map(|_| ())).map_err(to_py)?;
+        step::write_tree(self.session.tree(), tokens, parents, depths, block, masked)
+    }
+
+    /// `observe` on the verifier's packed output [T, 1 + 2k] as it comes from the device
+    /// (column 0 the argmax, then k top ids, then k top probabilities).
+    fn observe_packed<'py>(
+        &mut self,
+        py: Python<'py>,
+        packed: &Bound<'_, PyAny>,
+        k: usize,
+    ) -> PyResult<(IdsArray<'py>, IdsArray<'py>)> {
+        let (path, committed) = step::observe_packed(&mut self.session, py, packed, k)?;
         Ok((path.into_pyarray(py), committed.into_pyarray(py)))
     }
 

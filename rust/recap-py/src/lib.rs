@@ -7,6 +7,7 @@ mod arrays;
 mod config;
 mod drafter;
 mod errors;
+mod step;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {

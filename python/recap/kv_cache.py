@@ -1,0 +1,164 @@
+"""The KV cache of one decoding request, laid out for tree verification.
+
+transformers' `DynamicCache` concatenates every layer's keys and values on every pass (a
+copy of the whole cache per step) and can only drop entries from the end. Here every
+layer's keys live in one preallocated buffer, [layers, batch, heads, capacity, head_dim]
+(values alike), shaped by the first layer written:
+
+- a pass writes its new entries in place (no concatenation);
+- dropping the rejected part of a tree moves a length per layer (no tensor work);
+- keeping an accepted branch that is not a prefix of the packed tree is one gather and one
+  write for all layers together (per layer only where layers differ in length, as under
+  visual-token routing, or in shape).
+
+The buffer grows by doubling when a request outlives its capacity. Layers are plain
+`DynamicLayer`s to the model: `keys` / `values` are views of the filled part.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+DEFAULT_CAPACITY = 512  # tokens, when the caller does not know the request's length
+
+
+class _Slab:
+    """Storage shared by the layers of one cache; a layer shaped unlike the first one written
+    gets a buffer of its own."""
+
+    def __init__(self, n_layers: int, capacity: int) -> None:
+        self.n_layers, self.capacity = max(n_layers, 1), max(capacity, 1)
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.layers: list[SlabLayer] = []
+
+    def attach(self, layer: SlabLayer, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.keys is None:
+            self.keys = k.new_empty((self.n_layers, *k.shape[:-2], self.capacity, k.shape[-1]))
+            self.values = v.new_empty((self.n_layers, *v.shape[:-2], self.capacity, v.shape[-1]))
+        fits = (layer.index < self.n_layers and k.dtype == self.keys.dtype and k.device == self.keys.device
+                and k.shape[:-2] == self.keys.shape[1:-2] and k.shape[-1] == self.keys.shape[-1]
+                and v.shape[:-2] == self.values.shape[1:-2] and v.shape[-1] == self.values.shape[-1])
+        if fits:
+            layer.own_keys = layer.own_values = None
+        else:
+            layer.own_keys = k.new_empty((*k.shape[:-2], self.capacity, k.shape[-1]))
+            layer.own_values = v.new_empty((*v.shape[:-2], self.capacity, v.shape[-1]))
+        self.layers.append(layer)
+
+    def grow(self, needed: int) -> None:
+        """At least `needed` entries per layer, by doubling; every layer's views follow."""
+        cap = self.capacity
+        while cap < needed:
+            cap *= 2
+
+        def bigger(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            out = t.new_empty((*t.shape[:-2], cap, t.shape[-1]))
+            out[..., : self.capacity, :].copy_(t)
+            return out
+
+        self.keys, self.values = bigger(self.keys), bigger(self.values)
+        for layer in self.layers:
+            layer.own_keys, layer.own_values = bigger(layer.own_keys), bigger(layer.own_values)
+        self.capacity = cap
+
+
+class SlabLayer(DynamicLayer):
+    """One attention layer's entries: a view of the shared buffer (or of its own)."""
+
+    def __init__(self, slab: _Slab, index: int) -> None:
+        # Not DynamicLayer.__init__: `keys` and `values` are read-only views of the buffer.
+        self.is_initialized = False
+        self.slab, self.index, self.length = slab, index, 0
+        self.own_keys: torch.Tensor | None = None
+        self.own_values: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+        self.slab.attach(self, key_states, value_states)
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.own_keys is not None:
+            return self.own_keys, self.own_values
+        return self.slab.keys[self.index], self.slab.values[self.index]
+
+    @property
+    def shared(self) -> bool:
+        return self.is_initialized and self.own_keys is None
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self.buffers()[0][..., : self.length, :] if self.is_initialized else None
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self.buffers()[1][..., : self.length, :] if self.is_initialized else None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.slab.capacity:
+            self.slab.grow(end)
+        k, v = self.buffers()
+        k[..., self.length:end, :].copy_(key_states)
+        v[..., self.length:end, :].copy_(value_states)
+        self.length = end
+        return k[..., :end, :], v[..., :end, :]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop: expected a negative number of entries to drop, got {tokens_to_remove}")
+        if self.is_initialized:
+            self.length = max(self.length + tokens_to_remove, 0)
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def _unsupported(self, *_args, **_kwargs):
+        raise NotImplementedError("recap's tree-verification cache holds one sequence (no beams or batch edits)")
+
+    batch_repeat_interleave = batch_select_indices = reorder_cache = _unsupported
+
+
+class SlabCache(DynamicCache):
+    """A `DynamicCache` whose layers share one preallocated buffer (see the module doc)."""
+
+    def __init__(self, n_layers: int, capacity: int = DEFAULT_CAPACITY) -> None:
+        super().__init__()
+        self.slab = _Slab(n_layers, capacity)
+        self.layer_class_to_replicate = lambda: SlabLayer(self.slab, len(self.layers))
+
+    def keep(self, path: np.ndarray, tree_len: int) -> None:
+        """Of the last `tree_len` entries of every layer (the tree just verified, root first),
+        keep the root and the accepted nodes `path` (tree indices, 0 first), in path order."""
+        accepted = len(path)
+        live = [layer for layer in self.layers if layer.is_initialized and layer.length > 0]
+        if not np.array_equal(path, np.arange(accepted)):
+            shared = [layer for layer in live if layer.shared]
+            bases = {layer.length - tree_len for layer in shared}
+            if len(shared) == len(self.slab.layers) and len(bases) == 1 and shared:
+                base = bases.pop()  # every layer alike: one gather for the whole slab
+                self._move(self.slab.keys, self.slab.values, base, path)
+            else:
+                for layer in live:
+                    k, v = layer.buffers()
+                    self._move(k, v, layer.length - tree_len, path)
+        self.crop(-(tree_len - accepted))
+
+    @staticmethod
+    def _move(keys: torch.Tensor, values: torch.Tensor, base: int, path: np.ndarray) -> None:
+        """Entries base + path[1:] move to base + 1, base + 2, ... (each source is at or after
+        its destination, and gathered before the write)."""
+        idx = torch.as_tensor(base + path[1:], device=keys.device)
+        dst = slice(base + 1, base + len(path))
+        keys[..., dst, :] = keys.index_select(-2, idx)
+        values[..., dst, :] = values.index_select(-2, idx)

@@ -1,0 +1,52 @@
+"""What the steps of one request write into, allocated once per request.
+
+The drafter writes each tree into host arrays (tokens, parents, depths and the T x T
+additive mask block, `Drafter.propose_into`); the additive attention mask [1, 1, T, context]
+lives in one device buffer of which each step writes only the tree block and zeroes only the
+columns that became committed prefix since the last step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def masked_value(dtype: torch.dtype) -> float:
+    """The additive mask's "cannot attend" value: the dtype's most negative finite number
+    (float32's for wider types, so the host block in float32 holds it exactly)."""
+    return float(max(torch.finfo(dtype).min, torch.finfo(torch.float32).min))
+
+
+class StepBuffers:
+    def __init__(self, max_nodes: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+        t = max_nodes + 1
+        self.tokens = np.zeros(t, dtype=np.int64)
+        self.parents = np.zeros(t, dtype=np.int64)
+        self.depths = np.zeros(t, dtype=np.int64)
+        self.block = np.zeros(t * t, dtype=np.float32)
+        self.tokens_t, self.depths_t = torch.from_numpy(self.tokens), torch.from_numpy(self.depths)
+        self.block_t = torch.from_numpy(self.block)
+        self.masked = masked_value(dtype)
+        self.mask = torch.zeros(1, 1, t, max(capacity, t), dtype=dtype, device=device)
+        self._dirty = (0, 0)  # columns [lo, hi) may hold an earlier tree's block
+
+    def draft(self, drafter) -> int:
+        """The drafter's next tree into the buffers; returns its node count T."""
+        return drafter.propose_into(self.tokens, self.parents, self.depths, self.block, self.masked)
+
+    def full_mask(self, n: int, past: int) -> torch.Tensor:
+        """[1, 1, n, past + n]: every node sees the committed prefix, and within the tree its
+        ancestors and itself (a view of the buffer)."""
+        if past + n > self.mask.shape[-1]:
+            cap = self.mask.shape[-1]
+            while cap < past + n:
+                cap *= 2
+            self.mask = self.mask.new_zeros((*self.mask.shape[:-1], cap))
+            self._dirty = (0, 0)
+        lo, hi = self._dirty
+        if lo < min(hi, past):
+            self.mask[..., lo:min(hi, past)].zero_()
+        self.mask[0, 0, :n, past:past + n].copy_(self.block_t[: n * n].view(n, n), non_blocking=True)
+        self._dirty = (past, max(hi, past + n))
+        return self.mask[:, :, :n, :past + n]

@@ -1,0 +1,134 @@
+//! The lean step boundary: one call writes the next tree into buffers the decoder allocated
+//! once, one call takes the verifier's packed array as it comes back from the device.
+
+use numpy::{PyReadonlyArray2, PyReadwriteArray1, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use recap_core::{DraftSession, DraftTree, TopKRows};
+
+use crate::errors::to_py;
+
+/// Writes `tree` into the caller's buffers: tokens, parents and depths [>= T] and the
+/// additive mask block [>= T*T] row-major (0 where row i may attend to column j, its
+/// ancestors and itself; `masked` elsewhere).
+pub fn write_tree(
+    tree: &DraftTree,
+    mut tokens: PyReadwriteArray1<'_, i64>,
+    mut parents: PyReadwriteArray1<'_, i64>,
+    mut depths: PyReadwriteArray1<'_, i64>,
+    mut block: PyReadwriteArray1<'_, f32>,
+    masked: f32,
+) -> PyResult<usize> {
+    let n = tree.len();
+    for (name, have, need) in [
+        ("tokens", tokens.len(), n),
+        ("parents", parents.len(), n),
+        ("depths", depths.len(), n),
+        ("block", block.len(), n * n),
+    ] {
+        if have < need {
+            return Err(PyValueError::new_err(format!(
+                "{name}: expected a buffer of at least {need} entries for a {n}-node tree, got {have}"
+            )));
+        }
+    }
+    fill(
+        "tokens",
+        &mut tokens,
+        tree.tokens.iter().map(|&v| i64::from(v)),
+    )?;
+    fill(
+        "parents",
+        &mut parents,
+        tree.parents.iter().map(|&v| i64::from(v)),
+    )?;
+    fill(
+        "depths",
+        &mut depths,
+        tree.depths.iter().map(|&v| i64::from(v)),
+    )?;
+    let b = block
+        .as_slice_mut()
+        .map_err(|_| PyValueError::new_err("block: expected a contiguous writable buffer"))?;
+    tree.write_additive_mask(&mut b[..n * n], masked);
+    Ok(n)
+}
+
+fn fill(
+    name: &str,
+    buf: &mut PyReadwriteArray1<'_, i64>,
+    values: impl Iterator<Item = i64>,
+) -> PyResult<()> {
+    let out = buf.as_slice_mut().map_err(|_| {
+        PyValueError::new_err(format!("{name}: expected a contiguous writable buffer"))
+    })?;
+    for (dst, v) in out.iter_mut().zip(values) {
+        *dst = v;
+    }
+    Ok(())
+}
+
+/// Accepts the tree against the packed verifier output [T, 1 + 2k] (argmax, top-k ids, top-k
+/// probabilities per node, float32 or float64); returns (path, committed tokens).
+pub fn observe_packed(
+    session: &mut DraftSession,
+    py: Python<'_>,
+    packed: &Bound<'_, PyAny>,
+    k: usize,
+) -> PyResult<(Vec<i64>, Vec<i64>)> {
+    let (values, rows, width) = if let Ok(a) = packed.extract::<PyReadonlyArray2<'_, f32>>() {
+        let s = a.shape();
+        (
+            a.as_array()
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect::<Vec<f64>>(),
+            s[0],
+            s[1],
+        )
+    } else if let Ok(a) = packed.extract::<PyReadonlyArray2<'_, f64>>() {
+        let s = a.shape();
+        (a.as_array().iter().copied().collect(), s[0], s[1])
+    } else {
+        return Err(PyTypeError::new_err(
+            "packed: expected a 2-D float32 or float64 array [nodes, 1 + 2k]",
+        ));
+    };
+    if width != 1 + 2 * k {
+        return Err(PyValueError::new_err(format!(
+            "packed: expected {} columns (argmax, {k} ids, {k} probabilities), got {width}",
+            1 + 2 * k
+        )));
+    }
+    let id = |v: f64| -> PyResult<u32> {
+        if v.fract() == 0.0 && (0.0..f64::from(u32::MAX)).contains(&v) {
+            Ok(v as u32)
+        } else {
+            Err(PyValueError::new_err(format!(
+                "packed: token ids must be whole numbers >= 0, got {v}"
+            )))
+        }
+    };
+    let mut pred = Vec::with_capacity(rows);
+    let mut ids = Vec::with_capacity(rows * k);
+    let mut probs = Vec::with_capacity(rows * k);
+    for row in values.chunks_exact(width) {
+        pred.push(id(row[0])?);
+        for &v in &row[1..1 + k] {
+            ids.push(id(v)?);
+        }
+        probs.extend(row[1 + k..].iter().map(|&p| p as f32));
+    }
+    let vocab = session.vocab_size();
+    py.detach(|| {
+        let rows = TopKRows::new(&ids, &probs, k, rows, vocab)?;
+        let acc = session.observe(&pred, &rows)?;
+        let committed = acc
+            .committed_tokens(session.tree())
+            .iter()
+            .map(|&t| i64::from(t))
+            .collect();
+        Ok((acc.path.iter().map(|&i| i as i64).collect(), committed))
+    })
+    .map_err(to_py)
+}

@@ -1,0 +1,138 @@
+"""The lean step's pieces: the slab KV cache, the step buffers, and the one-call boundary
+with the drafter (propose_into / observe_packed)."""
+
+import numpy as np
+import pytest
+import torch
+from recap import Drafter
+from recap.kv_cache import SlabCache
+from recap.step_buffers import StepBuffers, masked_value
+from transformers import DynamicCache
+
+V = 50
+
+
+def _fill(cache, steps, layers=3, heads=2, dim=4, gen=None):
+    """Writes `steps` chunks of random entries through the cache's update, as a model would."""
+    gen = gen or torch.Generator().manual_seed(0)
+    for n in steps:
+        for layer in range(layers):
+            k = torch.randn(1, heads, n, dim, generator=gen, dtype=torch.float64)
+            cache.update(k, k * 2 + 1, layer)
+
+
+@pytest.mark.parametrize("capacity", [1, 7, 64])
+def test_slab_cache_matches_dynamic_cache_through_growth_crop_and_gather(capacity):
+    """Same entries as transformers' DynamicCache after appends past the capacity, crops,
+    and keeping a non-prefix path of a tree (one gather for all layers)."""
+    slab, ref = SlabCache(3, capacity), DynamicCache()
+    for c in (slab, ref):
+        _fill(c, [5, 3, 9])
+    path = np.array([0, 2, 5, 6])
+    slab.keep(path, 9)
+    for layer in ref.layers:  # the reference: gather the kept entries, then crop
+        base = layer.keys.shape[-2] - 9
+        idx = torch.as_tensor(base + path)
+        layer.keys = torch.cat([layer.keys[..., :base, :], layer.keys[..., idx, :]], dim=-2)
+        layer.values = torch.cat([layer.values[..., :base, :], layer.values[..., idx, :]], dim=-2)
+    slab.crop(-1)
+    ref.crop(-1)
+    for c in (slab, ref):
+        _fill(c, [2], gen=torch.Generator().manual_seed(1))
+    assert slab.get_seq_length() == ref.get_seq_length() == 5 + 3 + 4 - 1 + 2
+    for a, b in zip(slab.layers, ref.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_slab_cache_keeps_layers_of_different_lengths_apart():
+    """Visual-token routing leaves deeper layers with shorter prefixes: each layer then keeps
+    its own last tree entries."""
+    slab = SlabCache(2, 16)
+    gen = torch.Generator().manual_seed(0)
+    short = torch.randn(1, 1, 3, 2, generator=gen, dtype=torch.float64)
+    long = torch.randn(1, 1, 6, 2, generator=gen, dtype=torch.float64)
+    slab.update(long, long, 0)
+    slab.update(short, short, 1)
+    tree = torch.arange(8, dtype=torch.float64).reshape(1, 1, 4, 2)
+    slab.update(tree, tree, 0)
+    slab.update(tree, tree, 1)
+    slab.keep(np.array([0, 3]), 4)
+    for layer, prefix in zip(slab.layers, (long, short), strict=True):
+        want = torch.cat([prefix, tree[..., [0, 3], :]], dim=-2)
+        assert torch.equal(layer.keys, want) and torch.equal(layer.values, want)
+
+
+def test_slab_cache_gives_a_differently_shaped_layer_its_own_buffer():
+    slab = SlabCache(2, 4)
+    a = torch.ones(1, 2, 3, 4)
+    b = torch.ones(1, 1, 3, 8)
+    slab.update(a, a, 0)
+    slab.update(b, b, 1)
+    assert slab.layers[0].shared and not slab.layers[1].shared
+    slab.update(b, b, 1)  # past the capacity: grows
+    assert slab.layers[1].keys.shape == (1, 1, 6, 8) and slab.layers[0].keys.shape == (1, 2, 3, 4)
+
+
+def test_step_buffers_write_only_the_tree_block_and_clean_the_old_one():
+    bufs = StepBuffers(max_nodes=4, capacity=8, dtype=torch.float32, device=torch.device("cpu"))
+    neg = masked_value(torch.float32)
+    rng = np.random.default_rng(0)
+    past = 3
+    for _ in range(6):
+        n = int(rng.integers(1, 6))
+        tril = np.tril(rng.random((n, n)) < 0.5) | np.eye(n, dtype=bool)
+        bufs.block[: n * n] = np.where(tril, 0.0, neg).ravel()
+        got = bufs.full_mask(n, past)
+        want = torch.zeros(1, 1, n, past + n)
+        want[0, 0, :, past:] = torch.from_numpy(np.where(tril, 0.0, neg).astype(np.float32))
+        assert torch.equal(got, want)
+        past += int(rng.integers(1, n + 1))  # the capacity of 8 is passed: the buffer grows
+
+
+def test_propose_into_and_observe_packed_match_propose_and_observe():
+    history = np.array([3, 5, 7, 3, 5, 9, 3, 5, 7, 11, 3, 5], dtype=np.int64)
+    rng = np.random.default_rng(0)
+    ids = np.argsort(-rng.random((len(history), V)), axis=1)[:, :8].astype(np.int64)
+    probs = np.sort(rng.random((len(history), 8)).astype(np.float32), axis=1)[:, ::-1].copy()
+    a, b = Drafter.recap(V, budget=12), Drafter.recap(V, budget=12)
+    for d in (a, b):
+        d.begin(history)
+        d.seed(ids, probs)
+    bufs = StepBuffers(a.max_nodes, 64, torch.float32, torch.device("cpu"))
+    for _ in range(5):
+        tree = a.propose()
+        n = bufs.draft(b)
+        assert n == len(tree)
+        assert bufs.tokens[:n].tolist() == tree.tokens.tolist()
+        assert bufs.parents[:n].tolist() == tree.parents.tolist()
+        assert bufs.depths[:n].tolist() == tree.depths.tolist()
+        want = np.where(tree.mask, 0.0, masked_value(torch.float32)).ravel()
+        assert np.array_equal(bufs.block[: n * n], want)
+        pred = np.where(rng.random(n) < 0.7, np.roll(tree.tokens, -1), rng.integers(0, V, n)).astype(np.int64)
+        top_ids = np.argsort(-rng.random((n, V)), axis=1)[:, :8].astype(np.int64)
+        top_p = np.sort(rng.random((n, 8)).astype(np.float32), axis=1)[:, ::-1].copy()
+        packed = np.concatenate([pred[:, None], top_ids, top_p], axis=1).astype(np.float32)
+        pa, ca = a.observe(pred, top_ids, top_p)
+        pb, cb = b.observe_packed(packed, 8)
+        assert pa.tolist() == pb.tolist() and ca.tolist() == cb.tolist()
+
+
+def test_the_step_boundary_rejects_bad_buffers_and_packed_arrays():
+    d = Drafter.recap(V, budget=12)
+    d.begin(np.array([1, 2, 3, 1, 2], dtype=np.int64))
+    small = np.zeros(1, dtype=np.int64)
+    d.propose()
+    with pytest.raises(ValueError, match="block: expected a buffer of at least"):
+        d.propose_into(np.zeros(64, np.int64), np.zeros(64, np.int64), np.zeros(64, np.int64),
+                       np.zeros(0, np.float32), -1.0)
+    with pytest.raises(TypeError):
+        d.propose_into(small.astype(np.float32), small, small, np.zeros(4, np.float32), -1.0)
+    n = d.propose_into(*(np.zeros(64, np.int64) for _ in range(3)), np.zeros(64 * 64, np.float32), -1.0)
+    with pytest.raises(ValueError, match="expected 17 columns"):
+        d.observe_packed(np.zeros((n, 5), np.float32), 8)
+    bad = np.zeros((n, 17), np.float32)
+    bad[0, 0] = 1.5
+    with pytest.raises(ValueError, match="whole numbers"):
+        d.observe_packed(bad, 8)
+    with pytest.raises(TypeError, match="2-D float32 or float64"):
+        d.observe_packed(np.zeros((n, 17), np.int64), 8)
