@@ -5,6 +5,7 @@ import pytest
 import recap
 import torch
 from recap import RecapConfig
+from recap._core import recap_defaults
 from recap.budget import CostModel
 from tiny_models import text_model
 
@@ -129,7 +130,7 @@ def test_unobserved_points_follow_the_global_drift():
 
 
 def test_suffix_chain_adapts_only_with_the_automatic_budget():
-    assert RecapConfig().adaptive_suffix and RecapConfig().suffix_tokens == 16
+    assert RecapConfig().adaptive_suffix and RecapConfig().suffix_tokens == recap_defaults()["auto_suffix_cap"] == 64
     assert not RecapConfig(budget=16).adaptive_suffix and RecapConfig(budget=16).suffix_tokens == 4
     assert RecapConfig(budget=16, suffix_len=7).suffix_tokens == 7
     history = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5], dtype=np.int64)

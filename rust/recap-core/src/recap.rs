@@ -51,7 +51,7 @@ impl RecapConfig {
     pub const MAX_K: usize = 64;
     pub const MAX_SUFFIX: usize = 256;
     /// Longest adaptive suffix chain by default (`suffix_len="auto"` with an automatic budget).
-    pub const AUTO_SUFFIX_CAP: usize = 16;
+    pub const AUTO_SUFFIX_CAP: usize = 64;
 
     pub fn validate(&self) -> Result<()> {
         if !(1..=Self::MAX_K).contains(&self.k) {
