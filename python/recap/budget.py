@@ -1,17 +1,18 @@
-"""The verification cost curve c(n) behind ``budget="auto"``.
+"""The measurement behind ``budget="auto"``: the verification cost c(n) at a few sizes.
 
 c(n) is the time of one verification pass over n tree tokens (root included), top-k and the
 device-to-host copy included, exactly as a decoding step runs it. It is measured once per
-model, device, dtype and thread count (a few dozen forward passes, cached for the process),
-and refined online from the timings of real steps, since the true cost also grows with the
-context length. The Rust side turns c(n) and its calibrated acceptance probabilities into
-the tree size of each step.
+model, device, dtype, thread count and linear layout (a few dozen forward passes, cached with
+the model) and handed to the drafter (`Drafter.set_cost_points`). The controller itself is
+Rust (`recap_core::cost`, `recap_core::budget`): it corrects the curve online from every
+step's timings (the true cost also grows with the context length), adds the host time per
+step, and cuts each tree to the prefix with the most expected committed tokens per second.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,61 +21,17 @@ from recap.model_state import state_of
 
 POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 CALIBRATION_PAST = 128  # context tokens in the cache while measuring
-EMA = 0.1
 
 
-MIN_OBSERVATIONS = 3  # passes near a point before its own correction replaces the global one
-
-
-@dataclass
+@dataclass(frozen=True)
 class CostModel:
-    """Measured pass times at `points` tokens, with online correction factors: one per point
-    once real passes of about that size were seen, a global one for the other points (the
-    cost drifts with the context length for every size alike)."""
+    """Measured pass times: `seconds[i]` for a pass over `points[i]` tree tokens."""
 
     points: list[int]
     seconds: list[float]
-    ratio: list[float] = field(default_factory=list)
-    seen: list[int] = field(default_factory=list)
-    global_ratio: float = 1.0
-    observed_steps: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.ratio:
-            self.ratio = [1.0] * len(self.points)
-        if not self.seen:
-            self.seen = [0] * len(self.points)
-
-    def curve(self, max_tokens: int) -> list[float]:
-        """c(1), ..., c(max_tokens) in seconds, interpolated (extrapolated past the last point)."""
-        xs = np.asarray(self.points, dtype=np.float64)
-        ratio = [r if k >= MIN_OBSERVATIONS else self.global_ratio for r, k in zip(self.ratio, self.seen, strict=True)]
-        ys = _monotone(np.asarray(self.seconds, dtype=np.float64) * np.asarray(ratio))
-        n = np.arange(1, max_tokens + 1, dtype=np.float64)
-        out = np.interp(n, xs, ys)
-        if len(xs) >= 2:
-            slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
-            beyond = n > xs[-1]
-            out[beyond] = ys[-1] + slope * (n[beyond] - xs[-1])
-        return out.tolist()
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        """Moves the correction factor of the nearest measured point toward an observed pass."""
-        i = int(np.argmin([abs(p - tokens) for p in self.points]))
-        base = float(np.interp(tokens, self.points, self.seconds))
-        if base > 0:
-            r = seconds / base
-            if self.seen[i] == 0:
-                self.ratio[i] = self.global_ratio
-            self.ratio[i] += EMA * (r - self.ratio[i])
-            self.global_ratio += EMA * (r - self.global_ratio)
-            self.seen[i] += 1
-        self.observed_steps += 1
 
     def as_dict(self) -> dict:
-        return {"points": list(self.points), "ms": [s * 1e3 for s in self.seconds],
-                "online_ratio": list(self.ratio), "global_ratio": self.global_ratio,
-                "observed_steps": self.observed_steps}
+        return {"points": list(self.points), "ms": [s * 1e3 for s in self.seconds]}
 
 
 def _monotone(y: np.ndarray) -> np.ndarray:
@@ -82,7 +39,6 @@ def _monotone(y: np.ndarray) -> np.ndarray:
     Timing noise only ever adds time, so an outlier is pulled down to what a bigger pass
     took, and the points after it keep their values."""
     return np.minimum.accumulate(np.asarray(y, dtype=np.float64)[::-1])[::-1]
-
 
 
 def model_key(model: torch.nn.Module) -> tuple:

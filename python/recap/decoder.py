@@ -29,7 +29,6 @@ from recap.stats import GenerationStats
 from recap.step_buffers import StepBuffers
 
 PREFILL_SEED_CHUNK = 256  # prompt positions per LM-head chunk when seeding (bounds memory)
-COST_PUSH_EVERY = 16  # steps between refreshes of the cost curve the drafter sizes trees with
 
 
 class _ChainVerifier:
@@ -86,7 +85,6 @@ class Decoder:
         self._lock = threading.Lock()
         self.last_stats: GenerationStats | None = None
         self._cost: CostModel | None = None
-        self._host_s = 0.0  # running mean of the host time per step, added to every pass's cost
         # Construction runs no forward pass: the first use does (see _prepare).
         if linear_layout not in layouts.LAYOUTS:
             raise ValueError(f"linear_layout: expected one of {', '.join(layouts.LAYOUTS)}; got {linear_layout!r}")
@@ -114,7 +112,8 @@ class Decoder:
 
     @property
     def cost(self) -> CostModel | None:
-        """The cost curve sizing trees (budget="auto"), measured on first use."""
+        """The measured cost curve behind budget="auto" (taken on first use); the drafter
+        corrects it online (`last_stats.cost` shows its state)."""
         self._prepare()
         return self._cost
 
@@ -146,12 +145,8 @@ class Decoder:
         with self.verifying():
             self._cost = cost_model(self.model, verify, self._drafter.max_nodes + 1,
                                     variant=(self.linear_layout_used,), refresh=refresh)
-        self._push_cost()
+        self._drafter.set_cost_points(self._cost.points, self._cost.seconds)
         return self._cost
-
-    def _push_cost(self) -> None:
-        curve = self._cost.curve(self._drafter.max_nodes + 1)
-        self._drafter.set_cost([c + self._host_s for c in curve])
 
     def _forward_packed(self, cache, tokens, mask, positions) -> np.ndarray:
         """One verification pass: logits of every tree node, reduced on the device to the
@@ -228,6 +223,7 @@ class Decoder:
         k = self.config.k
         bufs = StepBuffers(drafter.max_nodes, cache_size, adapter.dtype, device)
         phase = stats.phase_s
+        host_s = None  # the previous step's host time, reported with this step's pass
         while not done:
             t0 = time.perf_counter()
             n = bufs.draft(drafter)
@@ -244,7 +240,8 @@ class Decoder:
                 pred = packed[:, 0].astype(np.int64)
                 walk(chooser, bufs.tokens[:n], bufs.parents[:n], logits, prompt + out, len(out), pred)
                 packed[:, 0] = pred
-            path, committed = drafter.observe_packed(packed, k)
+            timed = self._cost is not None  # the budget controller learns from every step's timings
+            path, committed = drafter.observe_packed(packed, k, t3 - t2 if timed else None, host_s)
             t4 = time.perf_counter()
             adapter.compact_cache(cache, path, n)
             past += len(path)
@@ -266,10 +263,6 @@ class Decoder:
                 if selection is not None:
                     stats.offered_nodes += selection[0]
                     stats.predicted_accepted += selection[2]
-                self._cost.observe(n, t3 - t2)
-                self._host_s += 0.05 * ((t2 - t0) + (time.perf_counter() - t3) - self._host_s)
-                if stats.steps % COST_PUSH_EVERY == 0:
-                    self._push_cost()
             t6 = time.perf_counter()
             phase["draft"] += t1 - t0
             phase["pack"] += t2 - t1
@@ -277,11 +270,11 @@ class Decoder:
             phase["update"] += t4 - t3
             phase["compact"] += t5 - t4
             phase["other"] += t6 - t5
+            host_s = (t2 - t0) + (t6 - t3)
         if streamer is not None:
             streamer.end()
         if self._cost is not None:
-            stats.cost = self._cost.as_dict()
-            stats.cost["host_ms"] = self._host_s * 1e3
+            stats.cost = drafter.cost_state()
         stats.new_tokens = len(out)
         stats.total_s = time.perf_counter() - t_start
         result = torch.tensor([prompt + out], dtype=input_ids.dtype, device=device)

@@ -6,6 +6,7 @@
 
 pub mod accept;
 pub mod budget;
+pub mod cost;
 pub mod drafter;
 pub mod error;
 pub mod fusion;

@@ -4,6 +4,7 @@
 
 use crate::accept::{accept_path, Acceptance};
 use crate::budget::AutoBudget;
+use crate::cost::CostCurve;
 use crate::drafter::{Drafter, TopKRows};
 use crate::error::{check_tokens, Error, Result};
 use crate::recap::check_vocab;
@@ -18,8 +19,13 @@ pub struct DraftSession {
     accept_scratch: Vec<bool>,
     /// When set, each drafted tree is cut to the prefix the hardware pays for.
     auto_budget: Option<AutoBudget>,
+    /// The cost curve the automatic budget sizes trees with, kept online from step timings.
+    cost: Option<CostCurve>,
     keep: Vec<bool>,
 }
+
+/// Steps between refreshes of the curve the automatic budget reads.
+const COST_REFRESH_EVERY: u64 = 16;
 
 impl DraftSession {
     pub fn new(drafter: Box<dyn Drafter>, vocab_size: usize) -> Result<Self> {
@@ -32,6 +38,7 @@ impl DraftSession {
             awaiting_verification: false,
             accept_scratch: Vec::new(),
             auto_budget: None,
+            cost: None,
             keep: Vec::new(),
         })
     }
@@ -39,12 +46,49 @@ impl DraftSession {
     /// Cuts every tree to the prefix maximising expected tokens per second under `cost`
     /// (`cost[n - 1]`: a verification pass over n tokens); None verifies whole trees.
     pub fn set_auto_budget(&mut self, cost: Option<Vec<f32>>) -> Result<()> {
+        self.cost = None; // a given curve replaces the online one
+        self.install_budget(cost)
+    }
+
+    fn install_budget(&mut self, cost: Option<Vec<f32>>) -> Result<()> {
         match (cost, &mut self.auto_budget) {
             (None, slot) => *slot = None,
             (Some(c), Some(b)) => b.set_cost(c)?,
             (Some(c), slot) => *slot = Some(AutoBudget::new(c)?),
         }
         Ok(())
+    }
+
+    /// The automatic budget with a cost curve measured at `points` tokens (`seconds` each),
+    /// corrected online by `observe_timing`.
+    pub fn set_cost_points(&mut self, points: Vec<usize>, seconds: Vec<f64>) -> Result<()> {
+        let curve = CostCurve::new(points, seconds)?;
+        self.install_budget(Some(curve.curve(self.drafter.max_nodes() + 1)))?;
+        self.cost = Some(curve);
+        Ok(())
+    }
+
+    /// The step's verification pass over `tokens` took `forward_s`; the host work of the step
+    /// before took `host_s`. Ignored without a cost curve.
+    pub fn observe_timing(
+        &mut self,
+        tokens: usize,
+        forward_s: f64,
+        host_s: Option<f64>,
+    ) -> Result<()> {
+        let Some(curve) = self.cost.as_mut() else {
+            return Ok(());
+        };
+        curve.observe(tokens, forward_s, host_s);
+        if curve.observed() % COST_REFRESH_EVERY == 0 {
+            let c = curve.curve(self.drafter.max_nodes() + 1);
+            self.install_budget(Some(c))?;
+        }
+        Ok(())
+    }
+
+    pub fn cost_curve(&self) -> Option<&CostCurve> {
+        self.cost.as_ref()
     }
 
     pub fn auto_budget(&self) -> Option<&AutoBudget> {

@@ -4,6 +4,7 @@
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadwriteArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use recap_core::memory::UnigramTable;
 use recap_core::peers::{
     Autoregressive, PromptLookup, SamDrafter, SuffixTreeConfig, SuffixTreeDrafter, TokenRecycling,
@@ -361,6 +362,31 @@ impl Drafter {
         self.session.set_auto_budget(cost).map_err(to_py)
     }
 
+    /// The automatic budget, sizing trees by a cost curve measured at `points` tree tokens
+    /// (`seconds` per pass), which each step's timing then corrects (see observe_packed).
+    fn set_cost_points(&mut self, points: Vec<usize>, seconds: Vec<f64>) -> PyResult<()> {
+        self.session.set_cost_points(points, seconds).map_err(to_py)
+    }
+
+    /// The online cost curve's state as a dict (None without one): measured points and ms,
+    /// per-point and global correction factors, steps observed, host ms per step.
+    fn cost_state<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(c) = self.session.cost_curve() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("points", c.points().to_vec())?;
+        d.set_item(
+            "ms",
+            c.seconds().iter().map(|s| s * 1e3).collect::<Vec<f64>>(),
+        )?;
+        d.set_item("online_ratio", c.ratios().to_vec())?;
+        d.set_item("global_ratio", c.global_ratio())?;
+        d.set_item("observed_steps", c.observed())?;
+        d.set_item("host_ms", c.host_s() * 1e3)?;
+        Ok(Some(d))
+    }
+
     /// (offered nodes, kept nodes, expected accepted nodes) of the last tree cut by the
     /// hardware-aware budget, or None when it is off.
     #[getter]
@@ -493,14 +519,23 @@ impl Drafter {
     }
 
     /// `observe` on the verifier's packed output [T, 1 + 2k] as it comes from the device
-    /// (column 0 the argmax, then k top ids, then k top probabilities).
+    /// (column 0 the argmax, then k top ids, then k top probabilities). With the automatic
+    /// budget, `forward_s` (this pass) and `host_s` (the host work of the step before) feed
+    /// its cost curve.
+    #[pyo3(signature = (packed, k, forward_s = None, host_s = None))]
     fn observe_packed<'py>(
         &mut self,
         py: Python<'py>,
         packed: &Bound<'_, PyAny>,
         k: usize,
+        forward_s: Option<f64>,
+        host_s: Option<f64>,
     ) -> PyResult<(IdsArray<'py>, IdsArray<'py>)> {
+        let n = self.session.tree().len();
         let (path, committed) = step::observe_packed(&mut self.session, py, packed, k)?;
+        if let Some(f) = forward_s {
+            self.session.observe_timing(n, f, host_s).map_err(to_py)?;
+        }
         Ok((path.into_pyarray(py), committed.into_pyarray(py)))
     }
 

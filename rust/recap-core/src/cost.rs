@@ -1,0 +1,185 @@
+//! The verification cost curve c(n) behind the automatic budget, kept online.
+//!
+//! The caller measures pass times at a few sizes once per model (`points`, `seconds`); every
+//! step then reports the size and time of its verification pass and the host time of the
+//! step before. Each measured point gets a correction factor once real passes of about its
+//! size were seen (MIN_OBSERVATIONS), the others share a global one (the cost drifts with the
+//! context length for every size alike). c(n) is the corrected measurement, made
+//! non-decreasing in n, interpolated (extrapolated past the last point), plus the host time.
+
+use crate::error::{Error, Result};
+
+const EMA: f64 = 0.1;
+const HOST_EMA: f64 = 0.05;
+const MIN_OBSERVATIONS: u32 = 3;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostCurve {
+    points: Vec<usize>,
+    seconds: Vec<f64>,
+    ratio: Vec<f64>,
+    seen: Vec<u32>,
+    global_ratio: f64,
+    host_s: f64,
+    observed: u64,
+}
+
+/// np.interp on sorted xs: clamped at both ends.
+fn interp(x: f64, xs: &[f64], ys: &[f64]) -> f64 {
+    if x <= xs[0] {
+        return ys[0];
+    }
+    for i in 1..xs.len() {
+        if x <= xs[i] {
+            let t = (x - xs[i - 1]) / (xs[i] - xs[i - 1]);
+            return ys[i - 1] + t * (ys[i] - ys[i - 1]);
+        }
+    }
+    ys[ys.len() - 1]
+}
+
+impl CostCurve {
+    pub fn new(points: Vec<usize>, seconds: Vec<f64>) -> Result<Self> {
+        let sorted = points.windows(2).all(|w| w[0] < w[1]);
+        if points.is_empty() || points.len() != seconds.len() || !sorted || points[0] == 0 {
+            return Err(Error::invalid(
+                "cost points",
+                "increasing token counts >= 1, one time each",
+                format!(
+                    "{} points {:?}, {} times",
+                    points.len(),
+                    points,
+                    seconds.len()
+                ),
+            ));
+        }
+        if let Some(bad) = seconds.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+            return Err(Error::invalid("cost seconds", "finite times > 0", bad));
+        }
+        let n = points.len();
+        Ok(CostCurve {
+            points,
+            seconds,
+            ratio: vec![1.0; n],
+            seen: vec![0; n],
+            global_ratio: 1.0,
+            host_s: 0.0,
+            observed: 0,
+        })
+    }
+
+    pub fn points(&self) -> &[usize] {
+        &self.points
+    }
+    pub fn seconds(&self) -> &[f64] {
+        &self.seconds
+    }
+    pub fn ratios(&self) -> &[f64] {
+        &self.ratio
+    }
+    pub fn global_ratio(&self) -> f64 {
+        self.global_ratio
+    }
+    pub fn host_s(&self) -> f64 {
+        self.host_s
+    }
+    pub fn observed(&self) -> u64 {
+        self.observed
+    }
+
+    /// One step: a verification pass over `tokens` took `forward_s`; the host work of the
+    /// step before took `host_s` (None: not known).
+    pub fn observe(&mut self, tokens: usize, forward_s: f64, host_s: Option<f64>) {
+        if let Some(h) = host_s.filter(|h| h.is_finite() && *h >= 0.0) {
+            self.host_s += HOST_EMA * (h - self.host_s);
+        }
+        self.observed += 1;
+        if !(forward_s.is_finite() && forward_s > 0.0) {
+            return;
+        }
+        let i = (0..self.points.len())
+            .min_by_key(|&i| self.points[i].abs_diff(tokens))
+            .unwrap_or(0);
+        let xs: Vec<f64> = self.points.iter().map(|&p| p as f64).collect();
+        let base = interp(tokens as f64, &xs, &self.seconds);
+        let r = forward_s / base;
+        if self.seen[i] == 0 {
+            self.ratio[i] = self.global_ratio;
+        }
+        self.ratio[i] += EMA * (r - self.ratio[i]);
+        self.global_ratio += EMA * (r - self.global_ratio);
+        self.seen[i] += 1;
+    }
+
+    /// c(1), ..., c(max_tokens) in seconds, host time included.
+    pub fn curve(&self, max_tokens: usize) -> Vec<f32> {
+        let xs: Vec<f64> = self.points.iter().map(|&p| p as f64).collect();
+        let mut ys: Vec<f64> = (0..xs.len())
+            .map(|i| {
+                let r = if self.seen[i] >= MIN_OBSERVATIONS {
+                    self.ratio[i]
+                } else {
+                    self.global_ratio
+                };
+                self.seconds[i] * r
+            })
+            .collect();
+        // Non-decreasing: timing noise only adds time, so a value above a bigger pass's is
+        // pulled down to it.
+        for i in (0..ys.len().saturating_sub(1)).rev() {
+            ys[i] = ys[i].min(ys[i + 1]);
+        }
+        let last = xs.len() - 1;
+        let slope = if last >= 1 {
+            ((ys[last] - ys[last - 1]) / (xs[last] - xs[last - 1])).max(0.0)
+        } else {
+            0.0
+        };
+        (1..=max_tokens)
+            .map(|n| {
+                let n = n as f64;
+                let c = if n > xs[last] {
+                    ys[last] + slope * (n - xs[last])
+                } else {
+                    interp(n, &xs, &ys)
+                };
+                (c + self.host_s) as f32
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interpolates_extrapolates_and_stays_monotone() {
+        let c = CostCurve::new(vec![1, 2, 4, 8], vec![0.010, 0.030, 0.014, 0.018]).unwrap();
+        let v = c.curve(10);
+        assert!((v[0] - 0.010).abs() < 1e-6);
+        assert!((v[1] - 0.014).abs() < 1e-6); // the noisy 2-token point is pulled down
+        assert!(v.windows(2).all(|w| w[0] <= w[1] + 1e-9));
+        assert!((v[9] - 0.020).abs() < 1e-6); // slope of the last segment: 0.001 per token
+    }
+
+    #[test]
+    fn learns_per_point_and_global_corrections_and_host_time() {
+        let mut c = CostCurve::new(vec![1, 8, 64], vec![0.010, 0.020, 0.040]).unwrap();
+        for _ in 0..200 {
+            c.observe(1, 0.020, Some(0.001));
+        }
+        let v = c.curve(64);
+        assert!((v[0] - 0.021).abs() < 1e-4, "{}", v[0]); // its own correction, plus host
+        assert!((v[63] - 0.081).abs() < 1e-3, "{}", v[63]); // the global one elsewhere
+        assert!((c.host_s() - 0.001).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rejects_bad_measurements() {
+        assert!(CostCurve::new(vec![], vec![]).is_err());
+        assert!(CostCurve::new(vec![2, 1], vec![0.1, 0.2]).is_err());
+        assert!(CostCurve::new(vec![1, 2], vec![0.1, f64::NAN]).is_err());
+        assert!(CostCurve::new(vec![1], vec![0.1, 0.2]).is_err());
+    }
+}
