@@ -1,6 +1,7 @@
 //! The interface every drafter implements, and the per-node rows the verifier hands back.
 
 use crate::error::{check_tokens, Error, Result};
+use crate::recap::SharedMemory;
 use crate::tree::DraftTree;
 
 /// Top-K rows, one per position: `ids[i*k..(i+1)*k]`, `probs[i*k..(i+1)*k]` (full-softmax
@@ -77,4 +78,12 @@ pub trait Drafter: Send + Sync {
 
     /// Heap bytes held (shared memories included once per holder).
     fn bytes(&self) -> usize;
+
+    /// Draws on (and writes to) `memory` from now on: how a request runs in a memory scope.
+    fn set_memory(&mut self, _memory: SharedMemory) -> Result<()> {
+        Err(Error::InvalidState(format!(
+            "{} keeps no persistent memory to replace",
+            self.name()
+        )))
+    }
 }

@@ -30,6 +30,9 @@ pub enum Error {
     /// A call made in the wrong order (e.g. observe before propose).
     #[error("{0}")]
     InvalidState(String),
+    /// A memory snapshot that cannot be written, read, or trusted.
+    #[error("memory snapshot: {0}")]
+    Snapshot(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

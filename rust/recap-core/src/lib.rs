@@ -15,6 +15,7 @@ pub mod peers;
 pub mod recap;
 pub mod search;
 pub mod session;
+pub mod snapshot;
 pub mod suffix;
 pub mod token_set;
 pub mod tree;

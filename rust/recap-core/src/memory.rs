@@ -42,6 +42,9 @@ pub fn row_stats(probs: &[f32]) -> (f32, f32) {
     (inv, (-h).exp())
 }
 
+/// One slot of a table as a snapshot sees it: (key, ids, probs, second-chance mark).
+pub type SlotRow<'a, Key> = (Key, &'a [u32], &'a [f32], bool);
+
 /// A bounded key -> top-K row table with CLOCK eviction.
 #[derive(Clone, Debug)]
 pub struct RowTable<Key> {
@@ -181,6 +184,49 @@ impl<Key: Copy + Eq + Hash> RowTable<Key> {
                 return slot;
             }
         }
+    }
+
+    /// Every row in slot order as (key, ids, probs, marked), with the clock hand: what a
+    /// snapshot stores to restore the table exactly (eviction order included).
+    pub fn slots(&self) -> (impl Iterator<Item = SlotRow<'_, Key>> + '_, usize) {
+        let rows = (0..self.keys.len()).map(move |s| {
+            let base = s * self.k;
+            let len = self.lens[s] as usize;
+            (
+                self.keys[s],
+                &self.ids[base..base + len],
+                &self.probs[base..base + len],
+                self.marked[s],
+            )
+        });
+        (rows, self.hand)
+    }
+
+    /// Rebuilds a table from `slots()` output (keys distinct, rows at most `k` wide, at most
+    /// `capacity` rows, the hand inside the table; the caller checks).
+    pub fn from_slots<'a>(
+        k: usize,
+        capacity: usize,
+        rows: impl Iterator<Item = SlotRow<'a, Key>>,
+        hand: usize,
+        evictions: u64,
+    ) -> Self {
+        let mut t = RowTable::new(k, capacity);
+        for (key, ids, probs, marked) in rows {
+            let slot = t.allocate_slot(key);
+            let base = slot * k;
+            let len = ids.len().min(k);
+            t.ids[base..base + len].copy_from_slice(&ids[..len]);
+            t.probs[base..base + len].copy_from_slice(&probs[..len]);
+            t.lens[slot] = len as u8;
+            let (inv, conf) = row_stats(&probs[..len]);
+            t.inv_mass[slot] = inv;
+            t.confidence[slot] = conf;
+            t.marked[slot] = marked;
+        }
+        t.hand = hand;
+        t.evictions = evictions;
+        t
     }
 
     /// Heap bytes held by this table (row storage plus an estimate of the hash index).

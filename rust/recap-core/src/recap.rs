@@ -7,6 +7,7 @@ use crate::error::{check_tokens, Error, Result};
 use crate::fusion::{Fuser, FusionMode, Priors, Proposal};
 use crate::memory::{key_c, key_g, row_stats, ContextTables, UnigramTable, MAX_VOCAB};
 use crate::search::{BestFirst, ProposalSource, SearchParams};
+use crate::snapshot;
 use crate::suffix::SuffixAutomaton;
 use crate::token_set::TokenSet;
 use crate::tree::{context_before_last, DraftTree, NodeSource, NO_TOKEN};
@@ -119,6 +120,47 @@ impl SharedMemory {
 
     pub fn bytes(&self) -> usize {
         self.lock().bytes()
+    }
+
+    /// Whether two handles share one table.
+    pub fn same(&self, other: &SharedMemory) -> bool {
+        Arc::ptr_eq(&self.table, &other.table)
+    }
+
+    /// `Ok` when this memory fits a drafter of `vocab_size` and row width `k`.
+    pub fn check_fits(&self, vocab_size: usize, k: usize) -> Result<()> {
+        let got_k = self.lock().k();
+        if self.vocab_size != vocab_size || got_k != k {
+            return Err(Error::invalid(
+                "memory",
+                format!("a memory with vocab_size {vocab_size} and k {k}"),
+                format!("vocab_size {} and k {got_k}", self.vocab_size),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes a snapshot to `path` atomically (see `snapshot`).
+    pub fn save(&self, path: &std::path::Path, fingerprint: u64) -> Result<()> {
+        let bytes = snapshot::encode(&self.lock(), self.vocab_size, fingerprint);
+        snapshot::write_atomic(path, &bytes)
+    }
+
+    /// A memory read from a snapshot, checked whole against `expect`.
+    pub fn load(
+        path: &std::path::Path,
+        expect: snapshot::Expect,
+    ) -> Result<(Self, snapshot::Header)> {
+        let bytes = snapshot::read(path)?;
+        let (header, table) = snapshot::decode(&bytes, expect)?;
+        check_vocab(header.vocab_size)?;
+        Ok((
+            SharedMemory {
+                vocab_size: header.vocab_size,
+                table: Arc::new(Mutex::new(table)),
+            },
+            header,
+        ))
     }
 }
 
@@ -317,6 +359,12 @@ impl Drafter for RecapDrafter {
         }
         drop(u);
         self.automaton.extend(committed);
+    }
+
+    fn set_memory(&mut self, memory: SharedMemory) -> Result<()> {
+        memory.check_fits(self.memory.vocab_size(), self.config.k)?;
+        self.memory = memory;
+        Ok(())
     }
 
     fn bytes(&self) -> usize {

@@ -7,7 +7,7 @@ use crate::budget::AutoBudget;
 use crate::cost::CostCurve;
 use crate::drafter::{Drafter, TopKRows};
 use crate::error::{check_tokens, Error, Result};
-use crate::recap::check_vocab;
+use crate::recap::{check_vocab, SharedMemory};
 use crate::tree::DraftTree;
 
 pub struct DraftSession {
@@ -57,6 +57,17 @@ impl DraftSession {
             (Some(c), slot) => *slot = Some(AutoBudget::new(c)?),
         }
         Ok(())
+    }
+
+    /// Replaces the drafter's persistent memory (between requests only).
+    pub fn set_memory(&mut self, memory: SharedMemory) -> Result<()> {
+        if self.awaiting_verification {
+            return Err(Error::InvalidState(
+                "set_memory: expected no tree awaiting verification (call it between requests)"
+                    .into(),
+            ));
+        }
+        self.drafter.set_memory(memory)
     }
 
     /// The automatic budget with a cost curve measured at `points` tokens (`seconds` each),

@@ -10,6 +10,7 @@ use recap_core::peers::{
     Autoregressive, PromptLookup, SamDrafter, SuffixTreeConfig, SuffixTreeDrafter, TokenRecycling,
     TR_LEVELS,
 };
+use recap_core::snapshot::{self, Expect};
 use recap_core::token_set::TokenSet;
 use recap_core::{DraftSession, RecapConfig, RecapDrafter, SharedMemory, TopKRows};
 
@@ -63,6 +64,56 @@ impl PersistentMemory {
     fn clear(&self) {
         self.inner.lock().clear();
     }
+    /// Writes a snapshot to `path` atomically (a temporary file beside it, then a rename).
+    /// `fingerprint` identifies the model the rows came from (`recap.memory_fingerprint`).
+    #[pyo3(signature = (path, *, fingerprint = 0))]
+    fn save(&self, py: Python<'_>, path: std::path::PathBuf, fingerprint: u64) -> PyResult<()> {
+        let inner = &self.inner;
+        py.detach(|| inner.save(&path, fingerprint)).map_err(to_py)
+    }
+
+    /// A memory read from a snapshot. Raises ValueError, naming what was expected and what
+    /// was found, when the file is not a snapshot, is truncated or corrupted, has another
+    /// format version, or does not match the given vocabulary size, K or fingerprint.
+    #[staticmethod]
+    #[pyo3(signature = (path, *, vocab_size = None, k = None, fingerprint = None))]
+    fn load(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        vocab_size: Option<usize>,
+        k: Option<usize>,
+        fingerprint: Option<u64>,
+    ) -> PyResult<Self> {
+        let expect = Expect {
+            vocab_size,
+            k,
+            fingerprint,
+        };
+        let (inner, _) = py
+            .detach(|| SharedMemory::load(&path, expect))
+            .map_err(to_py)?;
+        Ok(PersistentMemory { inner })
+    }
+
+    /// The header of a snapshot file as a dict (vocab_size, k, capacity, fingerprint, rows).
+    #[staticmethod]
+    fn inspect<'py>(py: Python<'py>, path: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {
+        let bytes = snapshot::read(&path).map_err(to_py)?;
+        let h = snapshot::header(&bytes).map_err(to_py)?;
+        let d = PyDict::new(py);
+        d.set_item("vocab_size", h.vocab_size)?;
+        d.set_item("k", h.k)?;
+        d.set_item("capacity", h.capacity)?;
+        d.set_item("fingerprint", h.fingerprint)?;
+        d.set_item("rows", h.rows)?;
+        Ok(d)
+    }
+
+    /// Whether `other` is a handle on the same table.
+    fn same_as(&self, other: &PersistentMemory) -> bool {
+        self.inner.same(&other.inner)
+    }
+
     /// The stored row of `token` as (ids, probs), or None.
     fn row<'py>(
         &self,
@@ -421,6 +472,16 @@ impl Drafter {
     fn vocab_size(&self) -> usize {
         self.session.vocab_size()
     }
+    /// Draws on and writes to `memory` from the next request on (a memory scope). Raises
+    /// for drafters without a persistent memory and for a memory of another vocabulary or K.
+    fn set_memory(&mut self, memory: Py<PersistentMemory>) -> PyResult<()> {
+        self.session
+            .set_memory(memory.get().inner.clone())
+            .map_err(to_py)?;
+        self.memory = Some(memory);
+        Ok(())
+    }
+
     /// The shared persistent memory, if this drafter has one.
     #[getter]
     fn memory(&self, py: Python<'_>) -> Option<Py<PersistentMemory>> {

@@ -145,6 +145,12 @@ impl Drafter for TokenRecycling {
         // Reverse preorder, last write wins: the first occurrence in preorder is stored.
         self.write_rows((0..tree.len()).rev().map(|i| (tree.tokens[i], rows.row(i))));
     }
+    fn set_memory(&mut self, memory: SharedMemory) -> Result<()> {
+        memory.check_fits(self.memory.vocab_size(), self.memory.lock().k())?;
+        self.memory = memory;
+        Ok(())
+    }
+
     fn bytes(&self) -> usize {
         self.memory.bytes() + self.excluded.bytes() + self.placed.capacity() * 8
     }
