@@ -8,6 +8,7 @@ the configuration and the model-facing loop.
 from recap._core import Drafter, DraftTree, PersistentMemory, __version__
 from recap.config import RecapConfig
 from recap.drafters import DRAFTERS
+from recap.memory_pool import MemoryPool, memory_fingerprint
 
 
 def __getattr__(name: str):
@@ -22,4 +23,5 @@ def __getattr__(name: str):
         return generate
     raise AttributeError(f"module 'recap' has no attribute {name!r}")
 
-__all__ = ["DRAFTERS", "Decoder", "generate", "DraftTree", "Drafter", "PersistentMemory", "RecapConfig", "__version__"]
+__all__ = ["DRAFTERS", "Decoder", "generate", "DraftTree", "Drafter", "MemoryPool", "PersistentMemory", "RecapConfig",
+           "__version__", "memory_fingerprint"]

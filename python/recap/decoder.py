@@ -8,6 +8,7 @@ accept + update (Rust) -> compact the KV cache -> commit tokens. The output equa
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from typing import Any
@@ -22,6 +23,7 @@ from recap.adapters import ModelAdapter, adapter_for
 from recap.adapters.conformance import probe
 from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.config import RecapConfig
+from recap.memory_pool import MemoryPool, memory_fingerprint
 from recap.model_state import peek, state_of
 from recap.request import UNSET, Request, from_call
 from recap.sampling import TokenChooser, walk
@@ -56,9 +58,11 @@ class Decoder:
     ``drafter`` names the draft source (``"recap"``, its ablations or a peer; see
     `recap.drafters.DRAFTERS`). The drafter lives as long as the Decoder, so what it keeps
     across requests (RECAP's U, Token Recycling's rows) carries over between calls; pass a
-    `recap.PersistentMemory` as ``memory`` to share those rows between decoders. One Decoder
+    `recap.PersistentMemory` as ``memory`` to share those rows between decoders, or a
+    `recap.MemoryPool` to keep them per ``memory_scope`` (one scope per tenant: a request
+    drafts from and writes to its scope's memory only; see `recap.memory_pool`). One Decoder
     runs one request at a time: concurrent calls wait for each other (use one Decoder per
-    thread, sharing a memory, for parallel requests).
+    thread, sharing a memory or a pool, for parallel requests).
 
     ``linear_layout`` (``"auto"``, ``"default"``, ``"transposed"``): on a CPU, ``"auto"``
     times one verification pass with the model's linear layers as they are and against a
@@ -67,12 +71,18 @@ class Decoder:
     """
 
     def __init__(self, model: torch.nn.Module, config: RecapConfig | None = None,
-                 memory: PersistentMemory | None = None, *, drafter: str = "recap",
+                 memory: PersistentMemory | MemoryPool | None = None, *, drafter: str = "recap",
                  linear_layout: str = "auto") -> None:
         self.model = model
         self.config = config if config is not None else RecapConfig()
         self.adapter: ModelAdapter = adapter_for(model)  # refuses what cannot be tree-verified, naming why
         vocab = self.adapter.vocab_size
+        self.pool: MemoryPool | None = memory if isinstance(memory, MemoryPool) else None
+        if self.pool is not None:
+            memory = None  # requests without a scope use the decoder's own memory
+        if memory is not None and not isinstance(memory, PersistentMemory):
+            raise TypeError("memory: expected a recap.PersistentMemory or recap.MemoryPool, "
+                            f"got {type(memory).__name__}")
         if memory is not None and (memory.vocab_size != vocab or memory.k != self.config.k):
             raise ValueError(
                 f"memory: expected a PersistentMemory with vocab_size={vocab} and k={self.config.k}, "
@@ -159,7 +169,7 @@ class Decoder:
                  max_new_tokens: int | None = None, max_length: int | None = None,
                  eos_token_id: int | list[int] | None = UNSET, streamer: Any = None,
                  generation_config: Any = None, logits_processor: Any = None, stopping_criteria: Any = None,
-                 seed: int | None = None, **kwargs: Any) -> torch.Tensor:
+                 seed: int | None = None, memory_scope: str | None = None, **kwargs: Any) -> torch.Tensor:
         """Returns prompt + new tokens shaped [1, L] like `model.generate`.
 
         Greedy unless ``do_sample=True``; every other `generate` setting (temperature, top_k,
@@ -168,21 +178,60 @@ class Decoder:
         ``stopping_criteria`` list mean what they mean there. ``seed`` makes sampling
         reproducible: the same seed gives the same tokens whatever the drafter or budget.
         Like `generate`, an explicit ``eos_token_id=None`` disables stopping on EOS; leaving
-        it out uses the generation config's. Other keywords are model inputs (pixel_values,
-        image_grid_thw, ...); an unknown one raises."""
+        it out uses the generation config's. ``memory_scope`` names the pool scope whose
+        memory this request drafts from and writes to (the decoder needs a `MemoryPool`).
+        Other keywords are model inputs (pixel_values, image_grid_thw, ...); an unknown one
+        raises."""
         request = from_call(self.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                             max_length=max_length, eos_token_id=eos_token_id, streamer=streamer,
                             generation_config=generation_config, logits_processor=logits_processor,
                             stopping_criteria=stopping_criteria, seed=seed, kwargs=kwargs)
-        return self.run(request)
+        return self.run(request, memory_scope=memory_scope)
 
     @torch.no_grad()
-    def run(self, request: Request) -> torch.Tensor:
-        """Decodes one validated request (`recap.request`)."""
-        with self._lock:
+    def run(self, request: Request, *, memory_scope: str | None = None,
+            pool: MemoryPool | None = None) -> torch.Tensor:
+        """Decodes one validated request (`recap.request`), in `memory_scope` of `pool` (the
+        decoder's own pool by default) when a scope is given."""
+        pool = pool if pool is not None else self.pool
+        if memory_scope is None:
+            scoped = contextlib.nullcontext(None)
+        elif pool is None:
+            raise ValueError(f"memory_scope={memory_scope!r}: expected a decoder built with "
+                             "memory=recap.MemoryPool(...) (or memory_pool= given to recap.generate); it has none")
+        elif drafters.spec(self.drafter_name).cross_request:
+            raise ValueError(f"memory_scope: the {self.drafter_name!r} drafter keeps cross-request state that "
+                             "scopes do not cover; use one with a persistent memory (recap, tr, tr_bf, sam_tr)")
+        else:
+            scoped = pool.use(memory_scope, self.adapter.vocab_size, self.config.k)
+        with self._lock, scoped as memory:
             self._prepare()
-            with self.verifying():
-                return self._generate(request)
+            if memory is not None and self.memory is not None:
+                self._drafter.set_memory(memory)
+            try:
+                with self.verifying():
+                    return self._generate(request)
+            finally:
+                if memory is not None and self.memory is not None:
+                    self._drafter.set_memory(self.memory)
+
+    # ---- snapshots ------------------------------------------------------------------------
+    def save_memory(self, path) -> None:
+        """Snapshot of this decoder's own persistent memory, tied to its model (atomic)."""
+        if self.memory is None:
+            raise ValueError(f"the {self.drafter_name!r} drafter keeps no persistent memory to save")
+        self.memory.save(os.fspath(path), fingerprint=memory_fingerprint(self.model))
+
+    def load_memory(self, path) -> None:
+        """Replaces this decoder's own memory with a snapshot made with the same model and K
+        (a mismatched, truncated or corrupted file raises ValueError and changes nothing)."""
+        if self.memory is None:
+            raise ValueError(f"the {self.drafter_name!r} drafter keeps no persistent memory to load")
+        loaded = PersistentMemory.load(os.fspath(path), vocab_size=self.adapter.vocab_size, k=self.config.k,
+                                       fingerprint=memory_fingerprint(self.model))
+        with self._lock:
+            self._drafter.set_memory(loaded)
+            self.memory = loaded
 
     def _generate(self, req: Request) -> torch.Tensor:
         input_ids, attention_mask, max_new, eos = req.input_ids, req.attention_mask, req.max_new, req.eos

@@ -24,6 +24,9 @@ class DrafterSpec:
     uses_memory: bool
     #: Whether ``budget="auto"`` sizes its trees to the hardware (RECAP and its ablations).
     adapts_budget: bool = False
+    #: Whether it keeps cross-request state outside a `PersistentMemory` (memory scopes
+    #: cannot isolate it).
+    cross_request: bool = False
 
 
 def _recap(**changes) -> Factory:
@@ -68,7 +71,7 @@ _SPECS = [
                 lambda vocab, config, memory, excluded: Drafter.suffix(vocab, excluded=list(excluded)), False),
     DrafterSpec("suffix_x", "SuffixDecoding-style, plus a suffix tree over earlier outputs",
                 lambda vocab, config, memory, excluded:
-                Drafter.suffix(vocab, cross_request=True, excluded=list(excluded)), False),
+                Drafter.suffix(vocab, cross_request=True, excluded=list(excluded)), False, cross_request=True),
 ]
 
 DRAFTERS: dict[str, DrafterSpec] = {s.name: s for s in _SPECS}

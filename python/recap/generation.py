@@ -36,13 +36,16 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, logits_processor=N
              generation_config=None, synced_gpus: bool = False, streamer: Any = None, seed: int | None = None,
              **model_kwargs: Any) -> torch.Tensor:
     """The `custom_generate` entry point (see the module docstring). ``seed`` (passed to
-    `model.generate`) makes sampling reproducible by (seed, position)."""
+    `model.generate`) makes sampling reproducible by (seed, position); ``memory_pool`` (a
+    `recap.MemoryPool`) and ``memory_scope`` keep the cross-request memory per scope."""
     from recap.request import from_transformers
 
     if synced_gpus:
         raise ValueError("recap.generate runs on one process; synced_gpus=True is not supported")
     if model_kwargs.get("return_dict_in_generate") or getattr(generation_config, "return_dict_in_generate", False):
         raise ValueError("recap.generate returns the token ids; return_dict_in_generate=True is not supported")
+    scope = model_kwargs.pop("memory_scope", None)
+    pool = model_kwargs.pop("memory_pool", None)
     request = from_transformers(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                 streamer, seed, model_kwargs)
-    return decoder_for(model).run(request)
+    return decoder_for(model).run(request, memory_scope=scope, pool=pool)
