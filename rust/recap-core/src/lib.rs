@@ -4,6 +4,12 @@
 //! suffix graft -> preorder), the caller verifies the tree with the target model, then
 //! `DraftSession::observe` (acceptance -> memory update -> suffix automaton append).
 
+// Nothing reachable from Python may panic on bad input: errors are values. (Tests may unwrap.)
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 pub mod accept;
 pub mod budget;
 pub mod cost;

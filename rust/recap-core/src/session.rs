@@ -196,3 +196,114 @@ impl DraftSession {
         Ok(acc)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peers::{PromptLookup, SamDrafter, TokenRecycling, TR_LEVELS};
+    use crate::token_set::TokenSet;
+    use crate::{RecapConfig, RecapDrafter};
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Begin(Vec<u32>),
+        Seed(usize, usize, Vec<u32>, Vec<f32>),
+        Propose,
+        Observe(usize, usize, Vec<u32>, Vec<f32>),
+        Cost(Vec<usize>, Vec<f64>),
+        Timing(usize, f64, Option<f64>),
+        SwapMemory(usize, usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let ids = proptest::collection::vec(0u32..80, 0..40);
+        let probs = proptest::collection::vec(
+            prop_oneof![
+                0.0f32..1.0,
+                Just(f32::NAN),
+                Just(f32::INFINITY),
+                Just(-1.0f32)
+            ],
+            0..40,
+        );
+        prop_oneof![
+            ids.clone().prop_map(Op::Begin),
+            (0usize..10, 0usize..6, ids.clone(), probs.clone())
+                .prop_map(|(r, k, i, p)| Op::Seed(r, k, i, p)),
+            Just(Op::Propose),
+            Just(Op::Propose),
+            (0usize..10, 0usize..6, ids, probs).prop_map(|(r, k, i, p)| Op::Observe(r, k, i, p)),
+            (
+                proptest::collection::vec(0usize..140, 0..5),
+                proptest::collection::vec(-1.0f64..1.0, 0..5)
+            )
+                .prop_map(|(p, s)| Op::Cost(p, s)),
+            (
+                0usize..200,
+                -1.0f64..1.0,
+                proptest::option::of(-1.0f64..1.0)
+            )
+                .prop_map(|(n, f, h)| Op::Timing(n, f, h)),
+            (1usize..80, 1usize..6).prop_map(|(v, k)| Op::SwapMemory(v, k)),
+        ]
+    }
+
+    fn drafter(kind: usize, vocab: usize) -> Box<dyn Drafter> {
+        let memory = SharedMemory::new(vocab, 4, 64).unwrap();
+        match kind {
+            0 => {
+                let config = RecapConfig {
+                    k: 4,
+                    suffix_len: 64,
+                    suffix_adaptive: true,
+                    ..RecapConfig::default()
+                };
+                Box::new(RecapDrafter::new(config, memory, &[]).unwrap())
+            }
+            1 => Box::new(TokenRecycling::new(memory, &TR_LEVELS, TokenSet::new(vocab)).unwrap()),
+            2 => Box::new(SamDrafter::new(60, TokenSet::new(vocab), None).unwrap()),
+            _ => Box::new(PromptLookup::new(2, 10, TokenSet::new(vocab)).unwrap()),
+        }
+    }
+
+    /// Rows sized to the request: in-range ids where the op's own would not fit.
+    fn rows<'a>(r: usize, k: usize, ids: &'a mut Vec<u32>, probs: &'a mut Vec<f32>) {
+        ids.resize(r * k, 0);
+        probs.resize(r * k, 0.5);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// Any call sequence either works or returns an error: no panic, and the history only
+        /// ever holds in-vocabulary tokens.
+        #[test]
+        fn random_call_sequences_never_panic(kind in 0usize..4, ops in proptest::collection::vec(op(), 1..30)) {
+            let vocab = 80;
+            let mut s = DraftSession::new(drafter(kind, vocab), vocab).unwrap();
+            let mut tree_len = 0;
+            for op in ops {
+                match op {
+                    Op::Begin(t) => { let _ = s.begin(&t); }
+                    Op::Seed(r, k, mut i, mut p) => {
+                        rows(r, k, &mut i, &mut p);
+                        if let Ok(rows) = TopKRows::new(&i, &p, k, r, vocab) { let _ = s.seed(&rows); }
+                    }
+                    Op::Propose => { if let Ok(t) = s.propose() { tree_len = t.len(); } }
+                    Op::Observe(r, k, mut i, mut p) => {
+                        let r = if r % 2 == 0 { tree_len } else { r };
+                        rows(r, k, &mut i, &mut p);
+                        let pred = i.iter().step_by(k.max(1)).copied().collect::<Vec<_>>();
+                        if let Ok(rows) = TopKRows::new(&i, &p, k, r, vocab) { let _ = s.observe(&pred, &rows); }
+                    }
+                    Op::Cost(p, sec) => { let _ = s.set_cost_points(p, sec); }
+                    Op::Timing(n, f, h) => { let _ = s.observe_timing(n, f, h); }
+                    Op::SwapMemory(v, k) => {
+                        if let Ok(m) = SharedMemory::new(v, k, 16) { let _ = s.set_memory(m); }
+                    }
+                }
+                prop_assert!(s.history().iter().all(|&t| (t as usize) < vocab));
+            }
+        }
+    }
+}

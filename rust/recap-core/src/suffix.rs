@@ -107,10 +107,9 @@ impl SuffixAutomaton {
             self.set(p, token, cur);
             p = self.link[p as usize];
         }
-        if p == NONE {
-            self.link[cur as usize] = 0;
-        } else {
-            let q = self.get(p, token).expect("transition exists");
+        // The walk stops at the root's parent (NONE) or at a state with a `token` edge.
+        let found = if p == NONE { None } else { self.get(p, token) };
+        if let Some(q) = found {
             if self.len[p as usize] + 1 == self.len[q as usize] {
                 self.link[cur as usize] = q;
             } else {
@@ -127,6 +126,8 @@ impl SuffixAutomaton {
                 self.link[q as usize] = clone;
                 self.link[cur as usize] = clone;
             }
+        } else {
+            self.link[cur as usize] = 0;
         }
         self.last = cur;
     }

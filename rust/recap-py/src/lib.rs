@@ -1,6 +1,12 @@
 //! `recap._core`: thin PyO3 bindings over recap-core. Arrays in and out, GIL released while
 //! Rust works, one error mapping.
 
+// Nothing reachable from Python may panic on bad input: errors are values. (Tests may unwrap.)
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 use pyo3::prelude::*;
 
 mod arrays;
