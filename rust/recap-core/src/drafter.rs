@@ -79,6 +79,11 @@ pub trait Drafter: Send + Sync {
     /// Heap bytes held (shared memories included once per holder).
     fn bytes(&self) -> usize;
 
+    /// `bytes()` by structure, for the bounds benchmark (one entry by default).
+    fn parts(&self) -> Vec<(&'static str, usize)> {
+        vec![("total", self.bytes())]
+    }
+
     /// Draws on (and writes to) `memory` from now on: how a request runs in a memory scope.
     fn set_memory(&mut self, _memory: SharedMemory) -> Result<()> {
         Err(Error::InvalidState(format!(

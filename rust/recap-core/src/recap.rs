@@ -367,6 +367,15 @@ impl Drafter for RecapDrafter {
         Ok(())
     }
 
+    fn parts(&self) -> Vec<(&'static str, usize)> {
+        vec![
+            ("persistent U", self.memory.bytes()),
+            ("request C+G", self.ctx.bytes()),
+            ("request automaton", self.automaton.bytes()),
+            ("excluded set", self.excluded.bytes()),
+        ]
+    }
+
     fn bytes(&self) -> usize {
         self.memory.bytes() + self.ctx.bytes() + self.automaton.bytes() + self.excluded.bytes()
     }

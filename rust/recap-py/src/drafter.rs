@@ -600,6 +600,11 @@ impl Drafter {
         Ok((path.into_pyarray(py), committed.into_pyarray(py)))
     }
 
+    /// `bytes()` by structure: {"persistent U": ..., "request automaton": ..., ...}.
+    fn bytes_by_part(&self) -> Vec<(&'static str, usize)> {
+        self.session.drafter().parts()
+    }
+
     /// Heap bytes held by this drafter, its share of the persistent memory included.
     fn bytes(&self) -> usize {
         self.session.drafter().bytes()

@@ -108,6 +108,14 @@ impl Drafter for PromptLookup {
         self.num_tokens
     }
     fn observe(&mut self, _tree: &DraftTree, _rows: &TopKRows<'_>, _committed: &[u32]) {}
+    fn parts(&self) -> Vec<(&'static str, usize)> {
+        let index = self.bytes() - self.excluded.bytes();
+        vec![
+            ("request n-gram index", index),
+            ("excluded set", self.excluded.bytes()),
+        ]
+    }
+
     fn bytes(&self) -> usize {
         self.index
             .iter()

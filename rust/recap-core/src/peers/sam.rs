@@ -97,6 +97,15 @@ impl Drafter for SamDrafter {
         }
     }
 
+    fn parts(&self) -> Vec<(&'static str, usize)> {
+        let tr = self.fallback.as_ref().map_or(0, |(tr, _)| tr.bytes());
+        vec![
+            ("request automaton", self.automaton.bytes()),
+            ("persistent rows", tr),
+            ("excluded set", self.excluded.bytes()),
+        ]
+    }
+
     fn bytes(&self) -> usize {
         let tr = self.fallback.as_ref().map_or(0, |(tr, _)| tr.bytes());
         self.automaton.bytes() + self.excluded.bytes() + tr

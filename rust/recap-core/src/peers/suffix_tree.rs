@@ -372,6 +372,15 @@ impl Drafter for SuffixTreeDrafter {
         self.output.extend_from_slice(committed);
         self.append(committed);
     }
+    fn parts(&self) -> Vec<(&'static str, usize)> {
+        vec![
+            ("request tree", self.local.bytes()),
+            ("cross-request tree", self.global.bytes()),
+            ("output", self.output.capacity() * 4),
+            ("excluded set", self.excluded.bytes()),
+        ]
+    }
+
     fn bytes(&self) -> usize {
         self.local.bytes()
             + self.global.bytes()

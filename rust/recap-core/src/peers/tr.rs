@@ -151,6 +151,14 @@ impl Drafter for TokenRecycling {
         Ok(())
     }
 
+    fn parts(&self) -> Vec<(&'static str, usize)> {
+        vec![
+            ("persistent rows", self.memory.bytes()),
+            ("excluded set", self.excluded.bytes()),
+            ("template", self.placed.capacity() * 8),
+        ]
+    }
+
     fn bytes(&self) -> usize {
         self.memory.bytes() + self.excluded.bytes() + self.placed.capacity() * 8
     }
