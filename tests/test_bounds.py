@@ -7,7 +7,6 @@ from pathlib import Path
 
 from recap import PersistentMemory
 
-
 ROW_BYTES = 128  # one K = 8 row: ids, probabilities, key, width, statistics, mark, index share
 
 
