@@ -64,3 +64,21 @@ def test_bench_reports_agreement_in_reduced_precision(tmp_path):
     overall = report["summary"]["overall"]
     assert set(overall) == {"ar", "recap", "hf_pld"}
     assert all("first_divergence" in f and 0 <= f["mismatches"] <= f["prompts"] for f in overall.values())
+
+
+def test_bench_saves_a_memory_and_starts_warm_from_it(tmp_path, capsys):
+    import json
+
+    from recap.cli import main
+
+    snap = tmp_path / "u.recapmem"
+    assert main(["bench", "--drafters", "recap", "--no-anchor", "--sets", "summarisation", "--per-set", "1",
+                 "--max-new-tokens", "8", "--out", str(tmp_path / "cold"), "--quiet", "--save-memory", str(snap)]) == 0
+    rows = recap.PersistentMemory.inspect(str(snap))["rows"]
+    assert rows > 0
+    assert main(["bench", "--drafters", "recap", "--no-anchor", "--sets", "summarisation", "--per-set", "1",
+                 "--skip", "1", "--max-new-tokens", "8", "--out", str(tmp_path / "warm"), "--quiet",
+                 "--memory", str(snap)]) == 0
+    assert f"'recap': {rows}" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "warm" / "bench.json").read_text())["meta"]
+    assert meta["memory"] == str(snap) and meta["skip"] == 1

@@ -127,7 +127,7 @@ def bench(args: argparse.Namespace) -> int:
         model, tok, encode, vision = _load_local(args.model, args.dtype)
         model_name = f"{args.model} ({args.dtype})"
     print(f"loaded {model_name} ({torch.get_num_threads()} threads) in {time.perf_counter() - t0:.1f} s")
-    prompts = load_prompts(args.prompts, sets=args.sets, per_set=args.per_set, images=vision)
+    prompts = load_prompts(args.prompts, sets=args.sets, per_set=args.per_set, images=vision, skip=args.skip)
     if not prompts:
         print(f"no prompts selected (sets {args.sets}); image prompts need a vision-language model", file=sys.stderr)
         return 2
@@ -140,8 +140,15 @@ def bench(args: argparse.Namespace) -> int:
               sampling=sampling, seed=args.seed)
     print(f"{len(prompts)} prompts ({', '.join(sorted({p.set for p in prompts}))}), drafters "
           f"{', '.join(e.label for e in b.entries)}, budget {args.budget}, {args.max_new_tokens} new tokens")
+    if args.memory:  # a warm start: every decoder with a persistent memory begins from the snapshot
+        for dec in b.decoders.values():
+            if dec.memory is not None:
+                dec.load_memory(args.memory)
+        rows = {label: len(d.memory) for label, d in b.decoders.items() if d.memory is not None}
+        print(f"memory: started from {args.memory} ({rows} rows)")
     b.warm_up(image=next((p.image for p in prompts if p.image is not None), None))
-    meta = {"model": model_name, "dtype": args.dtype, "budget": args.budget, "max_new_tokens": args.max_new_tokens,
+    meta = {"model": model_name, "dtype": args.dtype, "memory": args.memory, "skip": args.skip,
+            "budget": args.budget, "max_new_tokens": args.max_new_tokens,
             "sampling": sampling,
             "seed": args.seed,
             "prompts": len(prompts), "linear_layout": b.decoders["ar"].linear_layout_used, "machine": machine()}
@@ -150,6 +157,14 @@ def bench(args: argparse.Namespace) -> int:
     print()
     print(b.markdown())
     written = b.save(Path(args.out), meta)
+    if args.save_memory:
+        keeper = next((d for label, d in b.decoders.items() if label.startswith("recap") and d.memory is not None),
+                      None)
+        if keeper is None:
+            print("--save-memory: no recap drafter in this run", file=sys.stderr)
+        else:
+            keeper.save_memory(args.save_memory)
+            written.append(Path(args.save_memory))
     print("\nwrote " + ", ".join(str(p) for p in written))
     bad = sum(f["mismatches"] for label, f in b.summary()["overall"].items() if label in b.decoders)
     if bad and args.dtype in ("bfloat16", "float16"):
@@ -235,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--prompts", default=None, help="a JSONL of {set, id, turns} (default: the shipped set)")
     b.add_argument("--model", default=None, help="a local transformers model folder (default: SmolLM2-135M)")
     b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--skip", type=int, default=0, help="skip the first N prompts of each data set")
+    b.add_argument("--memory", default=None,
+                   help="start every persistent memory from this snapshot (made with --save-memory)")
+    b.add_argument("--save-memory", default=None, help="write the recap drafter's memory here after the run")
     b.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="model dtype; in bfloat16/float16 the table's last column is the agreement with ar")
     b.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md and bench.png")
