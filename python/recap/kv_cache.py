@@ -158,7 +158,9 @@ class SlabCache(DynamicCache):
     def _move(keys: torch.Tensor, values: torch.Tensor, base: int, path: np.ndarray) -> None:
         """Entries base + path[1:] move to base + 1, base + 2, ... (each source is at or after
         its destination, and gathered before the write)."""
-        idx = torch.as_tensor(base + path[1:], device=keys.device)
+        idx = torch.from_numpy(np.ascontiguousarray(base + path[1:], dtype=np.int64))
+        if keys.device.type != "cpu":  # pinned, so the upload does not wait for the device
+            idx = idx.pin_memory().to(keys.device, non_blocking=True)
         dst = slice(base + 1, base + len(path))
         keys[..., dst, :] = keys.index_select(-2, idx)
         values[..., dst, :] = values.index_select(-2, idx)

@@ -21,12 +21,15 @@ def masked_value(dtype: torch.dtype) -> float:
 class StepBuffers:
     def __init__(self, max_nodes: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
         t = max_nodes + 1
-        self.tokens = np.zeros(t, dtype=np.int64)
+        # On CUDA the host side is pinned, so the step's uploads are asynchronous: the only
+        # synchronisation of a step is the download of the packed top-k (which also orders the
+        # next step's writes into these buffers after this step's uploads).
+        pin = device.type == "cuda"
+        self.tokens_t = torch.zeros(t, dtype=torch.int64, pin_memory=pin)
+        self.depths_t = torch.zeros(t, dtype=torch.int64, pin_memory=pin)
+        self.block_t = torch.zeros(t * t, dtype=torch.float32, pin_memory=pin)
+        self.tokens, self.depths, self.block = self.tokens_t.numpy(), self.depths_t.numpy(), self.block_t.numpy()
         self.parents = np.zeros(t, dtype=np.int64)
-        self.depths = np.zeros(t, dtype=np.int64)
-        self.block = np.zeros(t * t, dtype=np.float32)
-        self.tokens_t, self.depths_t = torch.from_numpy(self.tokens), torch.from_numpy(self.depths)
-        self.block_t = torch.from_numpy(self.block)
         self.masked = masked_value(dtype)
         self.mask = torch.zeros(1, 1, t, max(capacity, t), dtype=dtype, device=device)
         self._dirty = (0, 0)  # columns [lo, hi) may hold an earlier tree's block
