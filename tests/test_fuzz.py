@@ -103,10 +103,11 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(size=st.integers(0, 80), masked=floats)
     def propose_into(self, size, masked):
         if self.drafter is not None:
-            bufs = [np.zeros(size, np.int64) for _ in range(3)]
-            n = call(self.drafter.propose_into, *bufs, np.zeros(size * size, np.float32), masked)
-            if n is not None:
-                assert 1 <= n <= size
+            bufs = [np.zeros(size, np.int64) for _ in range(4)]
+            got = call(self.drafter.propose_into, *bufs, np.zeros(size * size, np.float32), masked, size)
+            if got is not None:
+                n, deepest = got
+                assert 1 <= n <= size and 0 <= deepest < n
                 self.tree_len = n
 
     @rule(rows=st.integers(0, 12), pred=st.lists(ints, max_size=12), probs=st.lists(floats, max_size=20),
@@ -140,9 +141,9 @@ class CoreMachine(RuleBasedStateMachine):
             call(self.drafter.begin, np.asarray(values, dtype=np.int64) % self.vocab)
         if use_buffers:
             t = self.drafter.max_nodes + 1
-            n = call(self.drafter.propose_into, *(np.zeros(t, np.int64) for _ in range(3)),
-                     np.zeros(t * t, np.float32), -1.0)
-            n = n if isinstance(n, int) else None
+            got = call(self.drafter.propose_into, *(np.zeros(t, np.int64) for _ in range(4)),
+                       np.zeros(t * t, np.float32), -1.0)
+            n = got[0] if isinstance(got, tuple) else None
         else:
             tree = call(self.drafter.propose)
             n = len(tree) if tree is not None else None

@@ -101,8 +101,9 @@ def test_propose_into_and_observe_packed_match_propose_and_observe():
     bufs = StepBuffers(a.max_nodes, 64, torch.float32, torch.device("cpu"))
     for _ in range(5):
         tree = a.propose()
-        n = bufs.draft(b)
-        assert n == len(tree)
+        n, deepest = bufs.draft(b, 100)
+        assert n == len(tree) and deepest == tree.depths.max()
+        assert bufs.positions[:n].tolist() == (tree.depths + 100).tolist()
         assert bufs.tokens[:n].tolist() == tree.tokens.tolist()
         assert bufs.parents[:n].tolist() == tree.parents.tolist()
         assert bufs.depths[:n].tolist() == tree.depths.tolist()
@@ -123,11 +124,10 @@ def test_the_step_boundary_rejects_bad_buffers_and_packed_arrays():
     small = np.zeros(1, dtype=np.int64)
     d.propose()
     with pytest.raises(ValueError, match="block: expected a buffer of at least"):
-        d.propose_into(np.zeros(64, np.int64), np.zeros(64, np.int64), np.zeros(64, np.int64),
-                       np.zeros(0, np.float32), -1.0)
+        d.propose_into(*(np.zeros(64, np.int64) for _ in range(4)), np.zeros(0, np.float32), -1.0)
     with pytest.raises(TypeError):
-        d.propose_into(small.astype(np.float32), small, small, np.zeros(4, np.float32), -1.0)
-    n = d.propose_into(*(np.zeros(64, np.int64) for _ in range(3)), np.zeros(64 * 64, np.float32), -1.0)
+        d.propose_into(small.astype(np.float32), small, small, small, np.zeros(4, np.float32), -1.0)
+    n, _ = d.propose_into(*(np.zeros(64, np.int64) for _ in range(4)), np.zeros(64 * 64, np.float32), -1.0)
     with pytest.raises(ValueError, match="expected 17 columns"):
         d.observe_packed(np.zeros((n, 5), np.float32), 8)
     bad = np.zeros((n, 17), np.float32)

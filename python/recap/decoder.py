@@ -275,12 +275,10 @@ class Decoder:
         host_s = None  # the previous step's host time, reported with this step's pass
         while not done:
             t0 = time.perf_counter()
-            n = bufs.draft(drafter)
+            n, deepest = bufs.draft(drafter, adapter.position_base(past, offset))
             t1 = time.perf_counter()
-            tokens = bufs.tokens_t[:n].to(device, non_blocking=True).unsqueeze(0)
-            depths = bufs.depths_t[:n].to(device, non_blocking=True)
-            mask = adapter.per_layer_type(bufs.full_mask(n, past), depths, past, int(bufs.depths[:n].max()))
-            positions = adapter.tree_positions(past, depths, offset)
+            tokens, depths, positions = bufs.upload(n)
+            mask = adapter.per_layer_type(bufs.full_mask(n, past), depths, past, deepest)
             t2 = time.perf_counter()
             logits = adapter.forward(cache, tokens, mask, positions)
             packed = self._topk_packed(logits, k)

@@ -33,6 +33,17 @@ class _Slab:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.layers: list[SlabLayer] = []
+        # Per layer index: entries held, written yet, in the shared buffer. One array, so a
+        # crop is one operation, not one per layer.
+        self.lengths = np.zeros(self.n_layers, dtype=np.int64)
+        self.attached = np.zeros(self.n_layers, dtype=bool)
+        self.all_shared = True
+
+    def _index(self, i: int) -> None:
+        if i >= len(self.lengths):  # more layers than announced: room for them
+            extra = i + 1 - len(self.lengths)
+            self.lengths = np.concatenate([self.lengths, np.zeros(extra, dtype=np.int64)])
+            self.attached = np.concatenate([self.attached, np.zeros(extra, dtype=bool)])
 
     def attach(self, layer: SlabLayer, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.keys is None:
@@ -46,6 +57,9 @@ class _Slab:
         else:
             layer.own_keys = k.new_empty((*k.shape[:-2], self.capacity, k.shape[-1]))
             layer.own_values = v.new_empty((*v.shape[:-2], self.capacity, v.shape[-1]))
+            self.all_shared = False
+        self._index(layer.index)
+        self.attached[layer.index] = True
         self.layers.append(layer)
 
     def grow(self, needed: int) -> None:
@@ -73,7 +87,8 @@ class SlabLayer(DynamicLayer):
     def __init__(self, slab: _Slab, index: int) -> None:
         # Not DynamicLayer.__init__: `keys` and `values` are read-only views of the buffer.
         self.is_initialized = False
-        self.slab, self.index, self.length = slab, index, 0
+        self.slab, self.index = slab, index
+        slab._index(index)
         self.own_keys: torch.Tensor | None = None
         self.own_values: torch.Tensor | None = None
 
@@ -92,6 +107,14 @@ class SlabLayer(DynamicLayer):
         return self.is_initialized and self.own_keys is None
 
     @property
+    def length(self) -> int:
+        return int(self.slab.lengths[self.index])
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.slab.lengths[self.index] = value
+
+    @property
     def keys(self) -> torch.Tensor | None:
         return self.buffers()[0][..., : self.length, :] if self.is_initialized else None
 
@@ -102,13 +125,14 @@ class SlabLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
+        start = int(self.slab.lengths[self.index])
+        end = start + key_states.shape[-2]
         if end > self.slab.capacity:
             self.slab.grow(end)
         k, v = self.buffers()
-        k[..., self.length:end, :].copy_(key_states)
-        v[..., self.length:end, :].copy_(value_states)
-        self.length = end
+        k[..., start:end, :].copy_(key_states)
+        v[..., start:end, :].copy_(value_states)
+        self.slab.lengths[self.index] = end
         return k[..., :end, :], v[..., :end, :]
 
     def get_seq_length(self) -> int:
@@ -137,21 +161,28 @@ class SlabCache(DynamicCache):
         self.slab = _Slab(n_layers, capacity)
         self.layer_class_to_replicate = lambda: SlabLayer(self.slab, len(self.layers))
 
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drops the last `-tokens_to_remove` entries of every layer (one array operation)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop: expected a negative number of entries to drop, got {tokens_to_remove}")
+        if tokens_to_remove:
+            slab = self.slab
+            slab.lengths[slab.attached] = np.maximum(slab.lengths[slab.attached] + tokens_to_remove, 0)
+
     def keep(self, path: np.ndarray, tree_len: int) -> None:
         """Of the last `tree_len` entries of every layer (the tree just verified, root first),
-        keep the root and the accepted nodes `path` (tree indices, 0 first), in path order."""
+        keep the root and the accepted nodes `path` (tree indices, increasing, 0 first)."""
         accepted = len(path)
-        live = [layer for layer in self.layers if layer.is_initialized and layer.length > 0]
-        if not np.array_equal(path, np.arange(accepted)):
-            shared = [layer for layer in live if layer.shared]
-            bases = {layer.length - tree_len for layer in shared}
-            if len(shared) == len(self.slab.layers) and len(bases) == 1 and shared:
-                base = bases.pop()  # every layer alike: one gather for the whole slab
-                self._move(self.slab.keys, self.slab.values, base, path)
+        if int(path[-1]) != accepted - 1:  # not a prefix of the packed tree: move entries
+            slab = self.slab
+            held = slab.lengths[slab.attached]
+            if slab.all_shared and held.size and held.min() == held.max():
+                self._move(slab.keys, slab.values, int(held[0]) - tree_len, path)  # every layer alike: one gather
             else:
-                for layer in live:
-                    k, v = layer.buffers()
-                    self._move(k, v, layer.length - tree_len, path)
+                for layer in self.layers:
+                    if layer.is_initialized and layer.length > 0:
+                        k, v = layer.buffers()
+                        self._move(k, v, layer.length - tree_len, path)
         self.crop(-(tree_len - accepted))
 
     @staticmethod

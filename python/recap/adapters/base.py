@@ -131,9 +131,14 @@ class ModelAdapter:
         """Read right after the prefill: what tree positions add to cache length + depth."""
         return 0
 
+    def position_base(self, cache_len: int, offset: int = 0) -> int:
+        """What a tree node's position id adds to its depth: the cache length plus the
+        family's offset (the decoder writes base + depth on the host)."""
+        return cache_len + offset
+
     def tree_positions(self, cache_len: int, depths: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Position ids [1, T] of the tree nodes: cache length + depth (+ the family's offset)."""
-        return (depths + (cache_len + offset)).unsqueeze(0)
+        """Position ids [1, T] of the tree nodes as a tensor (probe and calibration passes)."""
+        return (depths + self.position_base(cache_len, offset)).unsqueeze(0)
 
     def attention_mask(self, tree_mask: torch.Tensor, depths: torch.Tensor, past: int, dtype: torch.dtype):
         """Additive 4D mask [1, 1, T, past + T]: every node sees the committed prefix and, within

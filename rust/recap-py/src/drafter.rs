@@ -563,20 +563,32 @@ impl Drafter {
     }
 
     /// Drafts the next tree into the caller's buffers (allocated once per request): tokens,
-    /// parents and depths [>= T] (int64) and the T x T additive mask block (float32, flat,
-    /// >= T*T; 0 where a node sees a column, `masked` elsewhere). Returns T.
+    /// parents, depths and position ids (`position_base` + depth) [>= T] (int64) and the
+    /// T x T additive mask block (float32, flat, >= T*T; 0 where a node sees a column,
+    /// `masked` elsewhere). Returns (T, the deepest node's depth).
+    #[pyo3(signature = (tokens, parents, depths, positions, block, masked, position_base = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn propose_into(
         &mut self,
         py: Python<'_>,
         tokens: PyReadwriteArray1<'_, i64>,
         parents: PyReadwriteArray1<'_, i64>,
         depths: PyReadwriteArray1<'_, i64>,
+        positions: PyReadwriteArray1<'_, i64>,
         block: PyReadwriteArray1<'_, f32>,
         masked: f32,
-    ) -> PyResult<usize> {
+        position_base: i64,
+    ) -> PyResult<(usize, i64)> {
         let session = &mut self.session;
         py.detach(|| session.propose().map(|_| ())).map_err(to_py)?;
-        step::write_tree(self.session.tree(), tokens, parents, depths, block, masked)
+        let bufs = step::TreeBuffers {
+            tokens,
+            parents,
+            depths,
+            positions,
+            block,
+        };
+        step::write_tree(self.session.tree(), bufs, masked, position_base)
     }
 
     /// `observe` on the verifier's packed output [T, 1 + 2k] as it comes from the device

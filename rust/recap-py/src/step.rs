@@ -8,22 +8,38 @@ use recap_core::{DraftSession, DraftTree, TopKRows};
 
 use crate::errors::to_py;
 
-/// Writes `tree` into the caller's buffers: tokens, parents and depths [>= T] and the
-/// additive mask block [>= T*T] row-major (0 where row i may attend to column j, its
-/// ancestors and itself; `masked` elsewhere).
+/// The caller's buffers for one tree: tokens, parents, depths and position ids [>= T]
+/// (int64) and the additive mask block [>= T*T] (float32).
+pub struct TreeBuffers<'py> {
+    pub tokens: PyReadwriteArray1<'py, i64>,
+    pub parents: PyReadwriteArray1<'py, i64>,
+    pub depths: PyReadwriteArray1<'py, i64>,
+    pub positions: PyReadwriteArray1<'py, i64>,
+    pub block: PyReadwriteArray1<'py, f32>,
+}
+
+/// Writes `tree` into the buffers: position ids are `position_base + depth`; the block is
+/// row-major, 0 where row i may attend to column j (its ancestors and itself), `masked`
+/// elsewhere. Returns (T, deepest depth).
 pub fn write_tree(
     tree: &DraftTree,
-    mut tokens: PyReadwriteArray1<'_, i64>,
-    mut parents: PyReadwriteArray1<'_, i64>,
-    mut depths: PyReadwriteArray1<'_, i64>,
-    mut block: PyReadwriteArray1<'_, f32>,
+    bufs: TreeBuffers<'_>,
     masked: f32,
-) -> PyResult<usize> {
+    position_base: i64,
+) -> PyResult<(usize, i64)> {
+    let TreeBuffers {
+        mut tokens,
+        mut parents,
+        mut depths,
+        mut positions,
+        mut block,
+    } = bufs;
     let n = tree.len();
     for (name, have, need) in [
         ("tokens", tokens.len(), n),
         ("parents", parents.len(), n),
         ("depths", depths.len(), n),
+        ("positions", positions.len(), n),
         ("block", block.len(), n * n),
     ] {
         if have < need {
@@ -47,11 +63,17 @@ pub fn write_tree(
         &mut depths,
         tree.depths.iter().map(|&v| i64::from(v)),
     )?;
+    fill(
+        "positions",
+        &mut positions,
+        tree.depths.iter().map(|&v| position_base + i64::from(v)),
+    )?;
     let b = block
         .as_slice_mut()
         .map_err(|_| PyValueError::new_err("block: expected a contiguous writable buffer"))?;
     tree.write_additive_mask(&mut b[..n * n], masked);
-    Ok(n)
+    let deepest = tree.depths.iter().copied().max().unwrap_or(0);
+    Ok((n, i64::from(deepest)))
 }
 
 fn fill(
