@@ -231,22 +231,9 @@ impl DraftTree {
     }
 
     /// Writes the T x T ancestor-or-self mask (row i: the nodes node i may attend to) into
-    /// `out` (row-major, length T*T). Parents must precede children.
-    pub fn write_ancestor_mask(&self, out: &mut [bool]) {
-        let n = self.len();
-        assert_eq!(out.len(), n * n, "mask buffer must hold T*T entries");
-        out.fill(false);
-        for i in 0..n {
-            if let Ok(p) = usize::try_from(self.parents[i]) {
-                let (before, row) = out.split_at_mut(i * n);
-                row[..n].copy_from_slice(&before[p * n..p * n + n]);
-            }
-            out[i * n + i] = true;
-        }
-    }
-
-    /// The additive form of the ancestor mask: 0 where row i may attend, `masked` elsewhere.
-    pub fn write_additive_mask(&self, out: &mut [f32], masked: f32) {
+    /// `out` (row-major, length T*T): `attend` where node i sees node j, `masked` elsewhere.
+    /// Parents must precede children.
+    fn write_mask<T: Copy>(&self, out: &mut [T], attend: T, masked: T) {
         let n = self.len();
         assert_eq!(out.len(), n * n, "mask buffer must hold T*T entries");
         out.fill(masked);
@@ -255,8 +242,18 @@ impl DraftTree {
                 let (before, row) = out.split_at_mut(i * n);
                 row[..n].copy_from_slice(&before[p * n..p * n + n]);
             }
-            out[i * n + i] = 0.0;
+            out[i * n + i] = attend;
         }
+    }
+
+    /// The ancestor mask as booleans.
+    pub fn write_ancestor_mask(&self, out: &mut [bool]) {
+        self.write_mask(out, true, false);
+    }
+
+    /// The additive form of the ancestor mask: 0 where row i may attend, `masked` elsewhere.
+    pub fn write_additive_mask(&self, out: &mut [f32], masked: f32) {
+        self.write_mask(out, 0.0, masked);
     }
 
     pub fn ancestor_mask(&self) -> Vec<bool> {
