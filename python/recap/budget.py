@@ -30,9 +30,6 @@ class CostModel:
     points: list[int]
     seconds: list[float]
 
-    def as_dict(self) -> dict:
-        return {"points": list(self.points), "ms": [s * 1e3 for s in self.seconds]}
-
 
 def _monotone(y: np.ndarray) -> np.ndarray:
     """Non-decreasing in n: each value becomes the least of itself and every larger pass.

@@ -122,11 +122,6 @@ impl SharedMemory {
         self.lock().bytes()
     }
 
-    /// Whether two handles share one table.
-    pub fn same(&self, other: &SharedMemory) -> bool {
-        Arc::ptr_eq(&self.table, &other.table)
-    }
-
     /// `Ok` when this memory fits a drafter of `vocab_size` and row width `k`.
     pub fn check_fits(&self, vocab_size: usize, k: usize) -> Result<()> {
         let got_k = self.lock().k();

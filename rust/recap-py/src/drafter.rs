@@ -109,11 +109,6 @@ impl PersistentMemory {
         Ok(d)
     }
 
-    /// Whether `other` is a handle on the same table.
-    fn same_as(&self, other: &PersistentMemory) -> bool {
-        self.inner.same(&other.inner)
-    }
-
     /// The stored row of `token` as (ids, probs), or None.
     fn row<'py>(
         &self,
