@@ -138,7 +138,9 @@ class CoreMachine(RuleBasedStateMachine):
         if self.drafter is None or self.k < 1 or self.vocab < 1:
             return
         if fresh:
-            call(self.drafter.begin, np.asarray(values, dtype=np.int64) % self.vocab)
+            # In-vocabulary tokens: a fresh request must start, and its first step must work.
+            assert call(self.drafter.begin, np.asarray(values, dtype=np.int64) % self.vocab) is DONE
+            self.context_len = len(values)
         if use_buffers:
             t = self.drafter.max_nodes + 1
             got = call(self.drafter.propose_into, *(np.zeros(t, np.int64) for _ in range(4)),
@@ -147,6 +149,8 @@ class CoreMachine(RuleBasedStateMachine):
         else:
             tree = call(self.drafter.propose)
             n = len(tree) if tree is not None else None
+        if fresh:
+            assert n is not None and n >= 1
         if n is None:
             return
         k = self.k
@@ -154,7 +158,12 @@ class CoreMachine(RuleBasedStateMachine):
         probs = np.resize(np.linspace(0.9, 0.01, k, dtype=np.float32), (n, k))
         if bad is not None:
             probs[n // 2, k // 2] = bad
-        call(self.drafter.observe_packed, np.concatenate([ids, probs], axis=1), k, timing, timing)
+        got = call(self.drafter.observe_packed, np.concatenate([ids, probs], axis=1), k, timing, timing)
+        if bad is None or (np.isfinite(bad) and bad >= 0):
+            path, committed = got  # a well-formed verification must be accepted
+            assert path[0] == 0 and len(committed) == len(path) >= 1
+        else:
+            assert got is None  # a NaN, infinite or negative probability must be refused
         self.tree_len = 0
 
     @rule(points=st.lists(st.integers(-2, 130), max_size=6), seconds=st.lists(floats, max_size=6))
@@ -164,12 +173,24 @@ class CoreMachine(RuleBasedStateMachine):
             call(self.drafter.set_cost, [abs(s) + 1e-3 if np.isfinite(s) else s for s in seconds] or None)
 
     @rule(vocab=st.integers(-1, 300), k=st.integers(-1, 9), fit=st.booleans())
-    def swap_memory(self, vocab, k, fit):
-        if self.drafter is not None:
-            vocab, k = (self.vocab, self.k) if fit else (vocab, k)
-            other = call(PersistentMemory, vocab, k=k, capacity=32)
-            if other is not None:
-                call(self.drafter.set_memory, other)
+    def session_in_another_memory(self, vocab, k, fit):
+        """A session opened on another memory (a scope's): one that fits opens on a drafter
+        that keeps rows, anything else raises ValueError."""
+        if self.drafter is None:
+            return
+        vocab, k = (self.vocab, self.k) if fit else (vocab, k)
+        other = call(PersistentMemory, vocab, k=k, capacity=32)
+        if other is None:
+            return
+        keeps_rows = self.drafter.memory is not None
+        fits = keeps_rows and (vocab, k) == (self.drafter.memory.vocab_size, self.drafter.memory.k)
+        try:
+            session = self.drafter.session(memory=other)
+        except ValueError:
+            assert not fits
+            return
+        assert fits
+        assert session.memory is other
 
     @rule(damage=st.sampled_from(["none", "truncate", "flip", "version", "junk"]), at=st.integers(0, 10_000),
           expect_vocab=st.one_of(st.none(), st.integers(0, 300)), expect_k=st.one_of(st.none(), st.integers(0, 9)))
@@ -209,26 +230,28 @@ class CoreMachine(RuleBasedStateMachine):
         """Another thread drafts on the same memory while this one proposes."""
         if self.memory is None or self.vocab < 1 or self.k < 1:
             return
-        other = call(Drafter.recap, self.vocab, k=self.k, budget=6, memory=self.memory)
-        if other is None:
-            return
+        other = Drafter.recap(self.vocab, k=self.k, budget=6, memory=self.memory).session()
         tokens = np.asarray([v % self.vocab for v in values], dtype=np.int64)
+        errors = []
 
         def work():
-            if call(other.begin, tokens) is not None or True:
+            try:  # well-formed calls on the thread's own session: every one must work
+                other.begin(tokens)
                 for _ in range(3):
-                    tree = call(other.propose)
-                    if tree is None:
-                        return
-                    n = len(tree)
-                    call(other.observe, np.zeros(n, np.int64), np.zeros((n, self.k), np.int64),
-                         np.full((n, self.k), 0.2, np.float32))
+                    n = len(other.propose())
+                    path, committed = other.observe(np.zeros(n, np.int64), np.zeros((n, self.k), np.int64),
+                                                    np.full((n, self.k), 0.2, np.float32))
+                    assert len(committed) == len(path) >= 1
+                assert len(other.history) >= len(tokens) + 3
+            except BaseException as e:  # noqa: BLE001 - reported on the main thread
+                errors.append(repr(e))
 
         t = threading.Thread(target=work)
         t.start()
         if self.drafter is not None:
             call(self.drafter.propose)
         t.join()
+        assert not errors, errors
 
     @invariant()
     def memory_is_bounded(self):

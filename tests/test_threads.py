@@ -16,14 +16,31 @@ THREADS = 4
 
 
 class SeedLog:
-    """Wraps a decoder's drafter and records the rows each request was seeded with."""
+    """Wraps a decoder's drafter and records the rows each of its sessions was seeded with."""
 
     def __init__(self, inner):
         self._inner, self.seeded = inner, []
 
+    def session(self, **kwargs):
+        return _SessionLog(self._inner.session(**kwargs), self.seeded)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class _SessionLog:
+    def __init__(self, inner, seeded):
+        self._inner, self._seeded = inner, seeded
+
     def seed(self, ids, probs):
-        self.seeded.append(np.array(ids))
+        self._seeded.append(np.array(ids))
         return self._inner.seed(ids, probs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self._inner.__exit__(*exc)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -102,3 +119,96 @@ def test_routed_models_serve_threads_with_per_request_routing(build):
         results = run_threads(model, requests)
     for want, (outs, _) in zip(alone, results, strict=True):
         assert outs[0] == want
+
+
+class MeetInForward:
+    """A forward pre-hook that makes the first forward of each of `n` threads wait for the
+    others: if requests were serialised (one lock per decoder or per model), the first
+    thread's request could never reach the others' first forward and the barrier breaks."""
+
+    def __init__(self, model, n):
+        self.barrier, self.seen = threading.Barrier(n, timeout=60), set()
+        self.handle = model.register_forward_pre_hook(self)
+
+    def __call__(self, _module, _args):
+        me = threading.get_ident()
+        if me not in self.seen:
+            self.seen.add(me)
+            self.barrier.wait()
+
+
+def on_threads(n, work):
+    results, errors = [None] * n, []
+
+    def run(i):
+        try:
+            results[i] = work(i)
+        except BaseException as e:  # noqa: BLE001 - reported below with the thread
+            errors.append((i, repr(e)))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
+def prompts(n):
+    rng = np.random.default_rng(1)
+    return [torch.tensor([(rng.integers(3, 100, size=3 + i).tolist() * 6)[: 9 + 4 * i]]) for i in range(n)]
+
+
+def test_one_decoder_serves_two_threads_at_once_and_each_output_equals_generate():
+    model = text_family("Llama")
+    dec = recap.Decoder(model, RecapConfig(budget=12))
+    dec.generate(prompts(1)[0], max_new_tokens=4)  # first use (probe, layout) out of the way
+    ids = prompts(2)
+    meet = MeetInForward(model, 2)
+    try:
+        outs = on_threads(2, lambda i: (dec.generate(ids[i], max_new_tokens=24, eos_token_id=None),
+                                        dec.last_stats.new_tokens))
+    finally:
+        meet.handle.remove()
+    for x, (out, new) in zip(ids, outs, strict=True):
+        want = model.generate(x, do_sample=False, max_new_tokens=24, eos_token_id=None, pad_token_id=0)
+        assert torch.equal(out, want)
+        assert new == 24  # each thread sees its own request's statistics
+
+
+def test_threads_calling_model_generate_with_recap_run_concurrently_and_exactly():
+    model = text_family("Qwen2")
+    ids = prompts(THREADS)
+    config = RecapConfig(budget=8)
+    kw = dict(do_sample=False, max_new_tokens=20, eos_token_id=None, pad_token_id=0)
+    model.generate(ids[0], custom_generate=recap.generate, recap_config=config, drafter="recap", **kw)
+    meet = MeetInForward(model, THREADS)
+    try:
+        outs = on_threads(THREADS, lambda i: model.generate(ids[i], custom_generate=recap.generate,
+                                                            recap_config=config, drafter="recap", **kw))
+    finally:
+        meet.handle.remove()
+    for x, out in zip(ids, outs, strict=True):
+        assert torch.equal(out, model.generate(x, **kw))
+    # One decoder per (drafter, configuration), shared by the threads.
+    assert list(recap.generation.state_of(model).decoders) == [("recap", config)]
+
+
+def test_recap_generate_takes_a_configuration_and_a_drafter_name():
+    model = text_family("Llama")
+    x = prompts(3)[2]
+    kw = dict(do_sample=False, max_new_tokens=16, eos_token_id=None, pad_token_id=0)
+    want = model.generate(x, **kw)
+    for drafter, config in [("pld", None), ("recap", RecapConfig(budget=3)), ("suffix", None)]:
+        out = model.generate(x, custom_generate=recap.generate, drafter=drafter, recap_config=config, **kw)
+        assert torch.equal(out, want)
+    dec = recap.generation.decoder_for(model, RecapConfig(budget=3), "recap")
+    assert dec.config.budget == 3 and dec.drafter_name == "recap"
+    assert recap.generation.decoder_for(model, None, "pld").drafter_name == "pld"
+    with pytest.raises(ValueError, match="drafter: expected one of"):
+        model.generate(x, custom_generate=recap.generate, drafter="nope", **kw)
+    with pytest.raises(TypeError, match="recap_config: expected a recap.RecapConfig"):
+        model.generate(x, custom_generate=recap.generate, recap_config={"budget": 3}, **kw)
+    with pytest.raises(ValueError, match="not used by the model"):
+        model.generate(x, custom_generate=recap.generate, recap_confg=RecapConfig(), **kw)

@@ -56,13 +56,15 @@ class Decoder:
     """Wraps a transformers model and generates greedily with tree-verified drafts.
 
     ``drafter`` names the draft source (``"recap"``, its ablations or a peer; see
-    `recap.drafters.DRAFTERS`). The drafter lives as long as the Decoder, so what it keeps
-    across requests (RECAP's U, Token Recycling's rows) carries over between calls; pass a
+    `recap.drafters.DRAFTERS`). The drafter lives as long as the Decoder and opens one
+    session per request, so what it keeps across requests (RECAP's U, Token Recycling's
+    rows, the budget's calibration) carries over between calls; pass a
     `recap.PersistentMemory` as ``memory`` to share those rows between decoders, or a
     `recap.MemoryPool` to keep them per ``memory_scope`` (one scope per tenant: a request
     drafts from and writes to its scope's memory only; see `recap.memory_pool`). One Decoder
-    runs one request at a time: concurrent calls wait for each other (use one Decoder per
-    thread, sharing a memory or a pool, for parallel requests).
+    serves any number of threads at once: each request has its own session, KV cache and
+    buffers; only the prefill of a family that keeps per-request state on the model (M-RoPE
+    offsets) is serialised.
 
     ``linear_layout`` (``"auto"``, ``"default"``, ``"transposed"``): on a CPU, ``"auto"``
     times one verification pass with the model's linear layers as they are and against a
@@ -92,8 +94,9 @@ class Decoder:
         self.drafter_name = spec.name
         self._drafter = drafters.build(drafter, vocab, self.config, memory, self.adapter.excluded)
         self.memory: PersistentMemory | None = self._drafter.memory
-        self._lock = threading.Lock()
-        self.last_stats: GenerationStats | None = None
+        self._prepare_lock = threading.RLock()  # first use runs once, whichever thread comes first
+        self._local = threading.local()  # each thread's last GenerationStats
+        self._last_stats: GenerationStats | None = None
         self._cost: CostModel | None = None
         # Construction runs no forward pass: the first use does (see _prepare).
         if linear_layout not in layouts.LAYOUTS:
@@ -109,15 +112,26 @@ class Decoder:
         Each is measured once per model and cached with it."""
         if self._prepared:
             return
-        probe(self.adapter)  # tree passes equal one-token passes on this model, or a clear error
-        self._layout = layouts.choose(self.model, self._probe(), model_key(self.model), self._linear_layout)
-        self._prepared = True
-        if self._auto_budget:
-            self.calibrate()
+        with self._prepare_lock:
+            if self._prepared:
+                return
+            probe(self.adapter)  # tree passes equal one-token passes on this model, or a clear error
+            self._layout = layouts.choose(self.model, self._probe(), model_key(self.model), self._linear_layout)
+            if self._auto_budget:
+                self._calibrate()
+            self._prepared = True
+
+    @property
+    def last_stats(self) -> GenerationStats | None:
+        """This thread's last request's statistics (another thread's when this one has run none)."""
+        return getattr(self._local, "stats", None) or self._last_stats
 
     @property
     def linear_layout_used(self) -> str:
         self._prepare()
+        return self._layout_name()
+
+    def _layout_name(self) -> str:
         return "default" if self._layout is None else "transposed"
 
     @property
@@ -151,10 +165,15 @@ class Decoder:
     def calibrate(self, refresh: bool = False) -> CostModel:
         """Measures (or takes from the model's cache) the verification cost curve c(n) of this
         model, device, dtype, thread count and linear layout, and sizes trees with it from now on."""
+        self._prepare()
+        with self._prepare_lock:
+            return self._calibrate(refresh)
+
+    def _calibrate(self, refresh: bool = False) -> CostModel:
         verify = _ChainVerifier(self)
-        with self.verifying():
+        with self._layout if self._layout is not None else contextlib.nullcontext():
             self._cost = cost_model(self.model, verify, self._drafter.max_nodes + 1,
-                                    variant=(self.linear_layout_used,), refresh=refresh)
+                                    variant=(self._layout_name(),), refresh=refresh)
         self._drafter.set_cost_points(self._cost.points, self._cost.seconds)
         return self._cost
 
@@ -203,17 +222,16 @@ class Decoder:
             raise ValueError(f"memory_scope: the {self.drafter_name!r} drafter keeps cross-request state that "
                              "scopes do not cover; use one with a persistent memory (recap, tr, tr_bf, sam_tr)")
         else:
-            scoped = pool.use(memory_scope, self.adapter.vocab_size, self.config.k)
-        with self._lock, scoped as memory:
-            self._prepare()
-            if memory is not None and self.memory is not None:
-                self._drafter.set_memory(memory)
-            try:
-                with self.verifying():
-                    return self._generate(request)
-            finally:
-                if memory is not None and self.memory is not None:
-                    self._drafter.set_memory(self.memory)
+            scoped = pool.scope(memory_scope, self.adapter.vocab_size, self.config.k, owner=self)
+        self._prepare()
+        with scoped as scope:
+            memory, calibration = (self.memory, None) if scope is None else scope
+            if memory is None:  # a drafter without a persistent memory
+                session = self._drafter.session()
+            else:
+                session = self._drafter.session(memory=memory, calibration=calibration)
+            with session, self.verifying():
+                return self._generate(request, session)
 
     # ---- snapshots ------------------------------------------------------------------------
     def save_memory(self, path) -> None:
@@ -229,21 +247,18 @@ class Decoder:
             raise ValueError(f"the {self.drafter_name!r} drafter keeps no persistent memory to load")
         loaded = PersistentMemory.load(os.fspath(path), vocab_size=self.adapter.vocab_size, k=self.config.k,
                                        fingerprint=memory_fingerprint(self.model))
-        with self._lock:
-            self._drafter.set_memory(loaded)
-            self.memory = loaded
+        self.memory = loaded  # requests that start from now on draw on it; running ones keep theirs
 
-    def _generate(self, req: Request) -> torch.Tensor:
+    def _generate(self, req: Request, drafter) -> torch.Tensor:
         input_ids, attention_mask, max_new, eos = req.input_ids, req.attention_mask, req.max_new, req.eos
         streamer, model_inputs, chooser = req.streamer, req.model_inputs, req.chooser
         stats = GenerationStats()
-        self.last_stats = stats
+        self._local.stats = self._last_stats = stats
         t_start = time.perf_counter()
         model = self.model
         device = input_ids.device
         prompt = input_ids[0].tolist()
 
-        drafter = self._drafter
         adapter = self.adapter
         # Room for the prompt, every new token and one more tree (the cache grows past it if needed).
         cache_size = input_ids.shape[1] + min(max_new, 1 << 16) + drafter.max_nodes + 1

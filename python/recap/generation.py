@@ -4,8 +4,10 @@
 
 transformers merges the generation config, builds the logits processors and stopping
 criteria (stop strings, max_time, EOS lists), sends the prompt to the streamer, then calls
-`recap.generate`, which decodes with the model's own `recap.Decoder`: one per model, kept
-with the model (so the persistent memory stays warm across calls) and dropped with it.
+`recap.generate`, which decodes with a `recap.Decoder` kept with the model, one per
+(``drafter``, ``recap_config``) pair, so the persistent memory stays warm across calls and
+goes when the model goes. Any number of threads may call it on one model at once: each
+request opens its own session on the shared decoder.
 """
 
 from __future__ import annotations
@@ -15,37 +17,48 @@ from typing import Any
 
 import torch
 
+from recap.config import RecapConfig
 from recap.model_state import state_of
 
 _LOCK = threading.Lock()
 
 
-def decoder_for(model: torch.nn.Module):
-    """The decoder `recap.generate` uses for `model` (created on first use)."""
+def decoder_for(model: torch.nn.Module, config: RecapConfig | None = None, drafter: str = "recap"):
+    """The decoder `recap.generate` uses for `model` with this drafter and configuration
+    (created on first use)."""
     from recap.decoder import Decoder
 
+    if config is not None and not isinstance(config, RecapConfig):
+        raise TypeError(f"recap_config: expected a recap.RecapConfig, got {type(config).__name__}")
+    if not isinstance(drafter, str):
+        raise TypeError(f"drafter: expected a drafter name (str), got {type(drafter).__name__}")
+    config = config if config is not None else RecapConfig()
     state = state_of(model)
+    key = (drafter, config)
     with _LOCK:  # two threads' first calls build one decoder
-        if state.decoder is None:
-            state.decoder = Decoder(model)
-        return state.decoder
+        dec = state.decoders.get(key)
+        if dec is None:
+            dec = state.decoders[key] = Decoder(model, config, drafter=drafter)
+        return dec
 
 
 @torch.no_grad()
 def generate(model: torch.nn.Module, input_ids: torch.Tensor, logits_processor=None, stopping_criteria=None,
              generation_config=None, synced_gpus: bool = False, streamer: Any = None, seed: int | None = None,
-             **model_kwargs: Any) -> torch.Tensor:
-    """The `custom_generate` entry point (see the module docstring). ``seed`` (passed to
-    `model.generate`) makes sampling reproducible by (seed, position); ``memory_pool`` (a
-    `recap.MemoryPool`) and ``memory_scope`` keep the cross-request memory per scope."""
+             recap_config: RecapConfig | None = None, drafter: str = "recap", memory_pool: Any = None,
+             memory_scope: str | None = None, **model_kwargs: Any) -> torch.Tensor:
+    """The `custom_generate` entry point (see the module docstring). Keywords given to
+    `model.generate`: ``seed`` makes sampling reproducible by (seed, position);
+    ``recap_config`` (a `recap.RecapConfig`) and ``drafter`` (a name from `recap.DRAFTERS`)
+    choose the decoder; ``memory_pool`` (a `recap.MemoryPool`) and ``memory_scope`` keep the
+    cross-request memory per scope."""
     from recap.request import from_transformers
 
     if synced_gpus:
         raise ValueError("recap.generate runs on one process; synced_gpus=True is not supported")
     if model_kwargs.get("return_dict_in_generate") or getattr(generation_config, "return_dict_in_generate", False):
         raise ValueError("recap.generate returns the token ids; return_dict_in_generate=True is not supported")
-    scope = model_kwargs.pop("memory_scope", None)
-    pool = model_kwargs.pop("memory_pool", None)
+    decoder = decoder_for(model, recap_config, drafter)
     request = from_transformers(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                 streamer, seed, model_kwargs)
-    return decoder_for(model).run(request, memory_scope=scope, pool=pool)
+    return decoder.run(request, memory_scope=memory_scope, pool=memory_pool)

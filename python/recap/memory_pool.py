@@ -23,11 +23,12 @@ import json
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from recap._core import PersistentMemory, recap_defaults
+from recap._core import Calibration, PersistentMemory, recap_defaults
 
 
 @dataclass
@@ -35,6 +36,8 @@ class _Scope:
     memory: PersistentMemory
     in_use: int = 0
     last_used: float = 0.0
+    # The automatic budget's calibration per decoder (it is model-specific), dropped with the scope.
+    calibrations: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
 
 
 class MemoryPool:
@@ -63,6 +66,19 @@ class MemoryPool:
         memory = self._acquire(scope, vocab_size, k)
         try:
             yield memory
+        finally:
+            self._release(scope)
+
+    @contextlib.contextmanager
+    def scope(self, scope: str, vocab_size: int, k: int, owner: object = None
+              ) -> Iterator[tuple[PersistentMemory, Calibration]]:
+        """The scope's memory and `owner`'s budget calibration for it, for one request."""
+        memory = self._acquire(scope, vocab_size, k)
+        try:
+            with self._lock:
+                entry = self._scopes[scope]
+                calibration = entry.calibrations.setdefault(self if owner is None else owner, Calibration())
+            yield memory, calibration
         finally:
             self._release(scope)
 

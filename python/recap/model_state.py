@@ -1,5 +1,5 @@
 """What recap keeps with a user's model, in one holder (held by the model, so it goes when
-the model goes): the decoder `recap.generate` uses, the visual-token router `recap.catchup`
+the model goes): the decoders `recap.generate` uses, the visual-token router `recap.catchup`
 attached, the linear layout and its timing decisions, the measured cost curves, the
 conformance probe's verdict, and the lock that makes a prefill and the per-request state the
 model keeps on itself (M-RoPE offsets) one step for concurrent requests. Copies of the model
@@ -20,7 +20,7 @@ _CREATE = threading.Lock()
 
 class ModelState:
     def __init__(self) -> None:
-        self.decoder: Any = None
+        self.decoders: dict[tuple, Any] = {}  # (drafter name, RecapConfig) -> the Decoder recap.generate uses
         self.router: Any = None
         self.prefill_lock = threading.Lock()
         self.layout: Any = None  # recap.linear_layout.LinearLayout

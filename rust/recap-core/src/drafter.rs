@@ -1,7 +1,6 @@
 //! The interface every drafter implements, and the per-node rows the verifier hands back.
 
 use crate::error::{check_tokens, Error, Result};
-use crate::recap::SharedMemory;
 use crate::tree::DraftTree;
 
 /// Top-K rows, one per position: `ids[i*k..(i+1)*k]`, `probs[i*k..(i+1)*k]` (full-softmax
@@ -84,11 +83,7 @@ pub trait Drafter: Send + Sync {
         vec![("total", self.bytes())]
     }
 
-    /// Draws on (and writes to) `memory` from now on: how a request runs in a memory scope.
-    fn set_memory(&mut self, _memory: SharedMemory) -> Result<()> {
-        Err(Error::InvalidState(format!(
-            "{} keeps no persistent memory to replace",
-            self.name()
-        )))
-    }
+    /// The request is over: hand what outlives it (an output for a cross-request structure)
+    /// to the shared drafter. Called once per request, before the next `begin_request`.
+    fn end_request(&mut self) {}
 }

@@ -1,13 +1,11 @@
 //! The RECAP drafter: fused lookups in U/C/G -> best-first tree -> suffix graft.
 
-use std::sync::{Arc, Mutex, MutexGuard};
-
 use crate::drafter::{Drafter, TopKRows};
 use crate::error::{check_tokens, Error, Result};
 use crate::fusion::{Fuser, FusionMode, Priors, Proposal};
-use crate::memory::{key_c, key_g, row_stats, ContextTables, UnigramTable, MAX_VOCAB};
+use crate::memory::{key_c, key_g, row_stats, ContextTables, UnigramTable};
 use crate::search::{BestFirst, ProposalSource, SearchParams};
-use crate::snapshot;
+use crate::shared_memory::{SharedMemory, MAX_K};
 use crate::suffix::SuffixAutomaton;
 use crate::token_set::TokenSet;
 use crate::tree::{context_before_last, DraftTree, NodeSource, NO_TOKEN};
@@ -49,7 +47,7 @@ impl Default for RecapConfig {
 }
 
 impl RecapConfig {
-    pub const MAX_K: usize = 64;
+    pub const MAX_K: usize = MAX_K;
     pub const MAX_SUFFIX: usize = 256;
     /// Longest adaptive suffix chain by default (`suffix_len="auto"` with an automatic budget).
     pub const AUTO_SUFFIX_CAP: usize = 64;
@@ -79,95 +77,6 @@ impl RecapConfig {
         }
         Ok(())
     }
-}
-
-/// The persistent unigram memory U, shareable between drafters (and threads).
-#[derive(Clone, Debug)]
-pub struct SharedMemory {
-    vocab_size: usize,
-    table: Arc<Mutex<UnigramTable>>,
-}
-
-impl SharedMemory {
-    pub const DEFAULT_CAPACITY: usize = 49_152;
-
-    pub fn new(vocab_size: usize, k: usize, capacity: usize) -> Result<Self> {
-        check_vocab(vocab_size)?;
-        if !(1..=RecapConfig::MAX_K).contains(&k) {
-            return Err(Error::invalid(
-                "k",
-                format!("1..={}", RecapConfig::MAX_K),
-                k,
-            ));
-        }
-        if capacity == 0 {
-            return Err(Error::invalid("capacity", ">= 1", 0));
-        }
-        Ok(SharedMemory {
-            vocab_size,
-            table: Arc::new(Mutex::new(UnigramTable::new(k, capacity))),
-        })
-    }
-
-    pub fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    /// Locks U; a poisoned lock (a panic elsewhere) still yields the table.
-    pub fn lock(&self) -> MutexGuard<'_, UnigramTable> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.lock().bytes()
-    }
-
-    /// `Ok` when this memory fits a drafter of `vocab_size` and row width `k`.
-    pub fn check_fits(&self, vocab_size: usize, k: usize) -> Result<()> {
-        let got_k = self.lock().k();
-        if self.vocab_size != vocab_size || got_k != k {
-            return Err(Error::invalid(
-                "memory",
-                format!("a memory with vocab_size {vocab_size} and k {k}"),
-                format!("vocab_size {} and k {got_k}", self.vocab_size),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Writes a snapshot to `path` atomically (see `snapshot`).
-    pub fn save(&self, path: &std::path::Path, fingerprint: u64) -> Result<()> {
-        let bytes = snapshot::encode(&self.lock(), self.vocab_size, fingerprint);
-        snapshot::write_atomic(path, &bytes)
-    }
-
-    /// A memory read from a snapshot, checked whole against `expect`.
-    pub fn load(
-        path: &std::path::Path,
-        expect: snapshot::Expect,
-    ) -> Result<(Self, snapshot::Header)> {
-        let bytes = snapshot::read(path)?;
-        let (header, table) = snapshot::decode(&bytes, expect)?;
-        check_vocab(header.vocab_size)?;
-        Ok((
-            SharedMemory {
-                vocab_size: header.vocab_size,
-                table: Arc::new(Mutex::new(table)),
-            },
-            header,
-        ))
-    }
-}
-
-pub(crate) fn check_vocab(vocab_size: usize) -> Result<()> {
-    if !(1..=MAX_VOCAB).contains(&vocab_size) {
-        return Err(Error::invalid(
-            "vocab_size",
-            format!("1..={MAX_VOCAB}"),
-            vocab_size,
-        ));
-    }
-    Ok(())
 }
 
 /// Fused lookups for one node context: the `ProposalSource` the tree search reads.
@@ -213,13 +122,7 @@ impl RecapDrafter {
     pub fn new(config: RecapConfig, memory: SharedMemory, excluded: &[u32]) -> Result<Self> {
         config.validate()?;
         let vocab_size = memory.vocab_size();
-        if memory.lock().k() != config.k {
-            return Err(Error::invalid(
-                "memory",
-                format!("a memory with k = {}", config.k),
-                format!("k = {}", memory.lock().k()),
-            ));
-        }
+        memory.check_fits(vocab_size, config.k)?;
         check_tokens("excluded", excluded, vocab_size)?;
         Ok(RecapDrafter {
             ctx: ContextTables::new(config.k, config.context_capacity),
@@ -354,12 +257,6 @@ impl Drafter for RecapDrafter {
         }
         drop(u);
         self.automaton.extend(committed);
-    }
-
-    fn set_memory(&mut self, memory: SharedMemory) -> Result<()> {
-        memory.check_fits(self.memory.vocab_size(), self.config.k)?;
-        self.memory = memory;
-        Ok(())
     }
 
     fn parts(&self) -> Vec<(&'static str, usize)> {

@@ -1,13 +1,17 @@
-//! One request stream: the committed history, a drafter, and the shared accept step.
+//! One request: the committed history, the request's drafter state, its view of the
+//! budget controller, and the one accept step every drafter shares.
 //!
-//! begin -> (seed) -> loop { propose -> [verify outside] -> observe }.
+//! begin -> (seed) -> loop { propose -> [verify outside] -> observe } -> finish.
+//! Sessions are opened by a shared `engine::SharedDrafter`; `finish` (or dropping the
+//! session) hands what outlives the request back to it.
 
 use crate::accept::{accept_path, Acceptance};
 use crate::budget::AutoBudget;
+use crate::calibration::Calibration;
 use crate::cost::CostCurve;
 use crate::drafter::{Drafter, TopKRows};
 use crate::error::{check_tokens, Error, Result};
-use crate::recap::{check_vocab, SharedMemory};
+use crate::shared_memory::check_vocab;
 use crate::tree::DraftTree;
 
 pub struct DraftSession {
@@ -22,6 +26,10 @@ pub struct DraftSession {
     /// The cost curve the automatic budget sizes trees with, kept online from step timings.
     cost: Option<CostCurve>,
     keep: Vec<bool>,
+    /// Where the budget's learned state goes when the request ends (and came from).
+    home: Option<Calibration>,
+    /// A request has begun and not yet been handed back.
+    open: bool,
 }
 
 /// Steps between refreshes of the curve the automatic budget reads.
@@ -40,7 +48,39 @@ impl DraftSession {
             auto_budget: None,
             cost: None,
             keep: Vec::new(),
+            home: None,
+            open: false,
         })
+    }
+
+    /// A session that starts from `home`'s budget state and writes its own back at `finish`.
+    pub fn with_calibration(
+        drafter: Box<dyn Drafter>,
+        vocab_size: usize,
+        home: Calibration,
+    ) -> Result<Self> {
+        let mut s = Self::new(drafter, vocab_size)?;
+        if let Some(state) = home.get() {
+            s.auto_budget = state.auto;
+            s.cost = state.cost;
+        }
+        s.home = Some(home);
+        Ok(s)
+    }
+
+    /// Ends the request: the drafter hands over what outlives it, and the budget's learned
+    /// state goes back to the calibration the session was opened with. Idempotent.
+    pub fn finish(&mut self) {
+        if self.open {
+            self.drafter.end_request();
+            self.open = false;
+        }
+        self.awaiting_verification = false;
+        if let Some(home) = &self.home {
+            if self.auto_budget.is_some() || self.cost.is_some() {
+                home.put(self.auto_budget.clone(), self.cost.clone());
+            }
+        }
     }
 
     /// Cuts every tree to the prefix maximising expected tokens per second under `cost`
@@ -57,17 +97,6 @@ impl DraftSession {
             (Some(c), slot) => *slot = Some(AutoBudget::new(c)?),
         }
         Ok(())
-    }
-
-    /// Replaces the drafter's persistent memory (between requests only).
-    pub fn set_memory(&mut self, memory: SharedMemory) -> Result<()> {
-        if self.awaiting_verification {
-            return Err(Error::InvalidState(
-                "set_memory: expected no tree awaiting verification (call it between requests)"
-                    .into(),
-            ));
-        }
-        self.drafter.set_memory(memory)
     }
 
     /// The automatic budget with a cost curve measured at `points` tokens (`seconds` each),
@@ -129,10 +158,14 @@ impl DraftSession {
             ));
         }
         check_tokens("context", context, self.vocab_size)?;
+        if self.open {
+            self.drafter.end_request(); // a session reused for the next request
+        }
         self.history.clear();
         self.history.extend_from_slice(context);
         self.awaiting_verification = false;
         self.drafter.begin_request(context);
+        self.open = true;
         Ok(())
     }
 
@@ -197,12 +230,18 @@ impl DraftSession {
     }
 }
 
+impl Drop for DraftSession {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::peers::{PromptLookup, SamDrafter, TokenRecycling, TR_LEVELS};
     use crate::token_set::TokenSet;
-    use crate::{RecapConfig, RecapDrafter};
+    use crate::{RecapConfig, RecapDrafter, SharedMemory};
     use proptest::prelude::*;
 
     #[derive(Clone, Debug)]
@@ -213,7 +252,7 @@ mod tests {
         Observe(usize, usize, Vec<u32>, Vec<f32>),
         Cost(Vec<usize>, Vec<f64>),
         Timing(usize, f64, Option<f64>),
-        SwapMemory(usize, usize),
+        Finish,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -245,7 +284,7 @@ mod tests {
                 proptest::option::of(-1.0f64..1.0)
             )
                 .prop_map(|(n, f, h)| Op::Timing(n, f, h)),
-            (1usize..80, 1usize..6).prop_map(|(v, k)| Op::SwapMemory(v, k)),
+            Just(Op::Finish),
         ]
     }
 
@@ -298,9 +337,7 @@ mod tests {
                     }
                     Op::Cost(p, sec) => { let _ = s.set_cost_points(p, sec); }
                     Op::Timing(n, f, h) => { let _ = s.observe_timing(n, f, h); }
-                    Op::SwapMemory(v, k) => {
-                        if let Ok(m) = SharedMemory::new(v, k, 16) { let _ = s.set_memory(m); }
-                    }
+                    Op::Finish => s.finish(),
                 }
                 prop_assert!(s.history().iter().all(|&t| (t as usize) < vocab));
             }

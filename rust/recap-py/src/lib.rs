@@ -13,12 +13,16 @@ mod arrays;
 mod config;
 mod drafter;
 mod errors;
+mod memory;
+mod session;
 mod step;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    memory::init(m)?;
     drafter::init(m)?;
+    session::init(m)?;
     config::init(m)?;
     Ok(())
 }

@@ -16,5 +16,5 @@ mod tr;
 pub use ar::Autoregressive;
 pub use pld::PromptLookup;
 pub use sam::SamDrafter;
-pub use suffix_tree::{SuffixTreeConfig, SuffixTreeDrafter};
+pub use suffix_tree::{SuffixHistory, SuffixTreeConfig, SuffixTreeDrafter};
 pub use tr::{TokenRecycling, TR_LEVELS};

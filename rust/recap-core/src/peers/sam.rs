@@ -6,7 +6,6 @@
 use crate::drafter::{Drafter, TopKRows};
 use crate::error::{Error, Result};
 use crate::peers::TokenRecycling;
-use crate::recap::SharedMemory;
 use crate::suffix::SuffixAutomaton;
 use crate::token_set::TokenSet;
 use crate::tree::{DraftTree, NodeSource};
@@ -88,15 +87,6 @@ impl Drafter for SamDrafter {
         }
         self.automaton.extend(committed);
     }
-    fn set_memory(&mut self, memory: SharedMemory) -> Result<()> {
-        match &mut self.fallback {
-            Some((tr, _)) => tr.set_memory(memory),
-            None => Err(Error::InvalidState(
-                "sam keeps no persistent memory to replace (sam_tr does)".into(),
-            )),
-        }
-    }
-
     fn parts(&self) -> Vec<(&'static str, usize)> {
         let tr = self.fallback.as_ref().map_or(0, |(tr, _)| tr.bytes());
         vec![

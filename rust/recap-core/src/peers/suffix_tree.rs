@@ -7,6 +7,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::sync::{Arc, Mutex};
 
 use rustc_hash::FxHashMap;
 
@@ -207,11 +208,48 @@ struct Candidate {
     score: f32,
 }
 
+/// The cross-request trie over earlier outputs, shared by every session of one drafter.
+/// Sessions read an immutable snapshot (`Arc`), so a request that ends while another drafts
+/// copies the trie once instead of moving nodes under the other's matches.
+#[derive(Clone, Debug, Default)]
+pub struct SuffixHistory(Arc<Mutex<Arc<CountTrie>>>);
+
+impl SuffixHistory {
+    pub fn new() -> Self {
+        let mut trie = CountTrie::default();
+        trie.clear();
+        SuffixHistory(Arc::new(Mutex::new(Arc::new(trie))))
+    }
+
+    fn snapshot(&self) -> Arc<CountTrie> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Indexes one finished request's output; returns the trie with it.
+    fn add(&self, output: &[u32], config: &SuffixTreeConfig) -> Arc<CountTrie> {
+        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let trie = Arc::make_mut(&mut guard);
+        if trie.len() + output.len() * config.max_depth > config.global_capacity {
+            trie.clear();
+        }
+        for &t in output {
+            trie.push(t, config.max_depth);
+        }
+        trie.end_document();
+        guard.clone()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.snapshot().bytes()
+    }
+}
+
 pub struct SuffixTreeDrafter {
     config: SuffixTreeConfig,
     excluded: TokenSet,
     local: CountTrie,
-    global: CountTrie,
+    global: Arc<CountTrie>,
+    history: SuffixHistory,
     global_match: Matcher,
     /// Prompt length and tokens generated so far in this request (fed to `global` later).
     prompt_len: usize,
@@ -222,13 +260,24 @@ pub struct SuffixTreeDrafter {
 }
 
 impl SuffixTreeDrafter {
+    /// A drafter with its own cross-request history.
     pub fn new(config: SuffixTreeConfig, excluded: TokenSet) -> Result<Self> {
+        Self::with_history(config, excluded, SuffixHistory::new())
+    }
+
+    /// A session's drafter over the shared `history` of earlier outputs.
+    pub fn with_history(
+        config: SuffixTreeConfig,
+        excluded: TokenSet,
+        history: SuffixHistory,
+    ) -> Result<Self> {
         config.validate()?;
         let mut d = SuffixTreeDrafter {
             config,
             excluded,
             local: CountTrie::default(),
-            global: CountTrie::default(),
+            global: history.snapshot(),
+            history,
             global_match: Matcher::default(),
             prompt_len: 0,
             output: Vec::new(),
@@ -237,7 +286,6 @@ impl SuffixTreeDrafter {
             best: Candidate::default(),
         };
         d.local.clear();
-        d.global.clear();
         d.global_match.reset();
         Ok(d)
     }
@@ -296,7 +344,7 @@ impl SuffixTreeDrafter {
 
     /// Considers every match length in `matches` (node of the suffix of length d at d).
     fn best_over(&mut self, global: bool) {
-        let trie = if global { &self.global } else { &self.local };
+        let trie: &CountTrie = if global { &self.global } else { &self.local };
         let matches = if global {
             &self.global_match.nodes
         } else {
@@ -328,17 +376,9 @@ impl Drafter for SuffixTreeDrafter {
         "suffix"
     }
     fn begin_request(&mut self, context: &[u32]) {
-        if self.config.cross_request && !self.output.is_empty() {
-            if self.global.len() + self.output.len() * self.config.max_depth
-                > self.config.global_capacity
-            {
-                self.global.clear();
-            }
-            let depth = self.config.max_depth;
-            for &t in &self.output {
-                self.global.push(t, depth);
-            }
-            self.global.end_document();
+        self.end_request(); // a drafter reused without end_request still hands its output over
+        if self.config.cross_request {
+            self.global = self.history.snapshot();
         }
         self.output.clear();
         self.prompt_len = context.len();
@@ -367,6 +407,12 @@ impl Drafter for SuffixTreeDrafter {
     }
     fn max_nodes(&self) -> usize {
         self.config.max_spec
+    }
+    fn end_request(&mut self) {
+        if self.config.cross_request && !self.output.is_empty() {
+            self.global = self.history.add(&self.output, &self.config);
+        }
+        self.output.clear();
     }
     fn observe(&mut self, _tree: &DraftTree, _rows: &TopKRows<'_>, committed: &[u32]) {
         self.output.extend_from_slice(committed);

@@ -12,7 +12,7 @@
 use crate::drafter::{Drafter, TopKRows};
 use crate::error::{Error, Result};
 use crate::memory::row_stats;
-use crate::recap::SharedMemory;
+use crate::shared_memory::SharedMemory;
 use crate::token_set::TokenSet;
 use crate::tree::{DraftTree, NodeSource};
 
@@ -145,12 +145,6 @@ impl Drafter for TokenRecycling {
         // Reverse preorder, last write wins: the first occurrence in preorder is stored.
         self.write_rows((0..tree.len()).rev().map(|i| (tree.tokens[i], rows.row(i))));
     }
-    fn set_memory(&mut self, memory: SharedMemory) -> Result<()> {
-        memory.check_fits(self.memory.vocab_size(), self.memory.lock().k())?;
-        self.memory = memory;
-        Ok(())
-    }
-
     fn parts(&self) -> Vec<(&'static str, usize)> {
         vec![
             ("persistent rows", self.memory.bytes()),

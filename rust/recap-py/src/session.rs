@@ -1,0 +1,330 @@
+//! `Session`: one request on a shared `Drafter` (history, C/G, automaton, tree, scratch and
+//! its view of the budget), and `DraftTree`, the packed tree of one step.
+
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadwriteArray1};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use recap_core::{DraftSession, TopKRows};
+
+use crate::arrays::{ids_1d, ids_2d, probs_2d};
+use crate::errors::to_py;
+use crate::memory::PersistentMemory;
+use crate::step;
+
+type IdsArray<'py> = Bound<'py, PyArray1<i64>>;
+
+/// A packed draft tree in preorder, root (the last committed token) at index 0.
+#[pyclass(frozen, module = "recap._core")]
+pub struct DraftTree {
+    #[pyo3(get)]
+    tokens: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    parents: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    depths: Py<PyArray1<i64>>,
+    #[pyo3(get)]
+    scores: Py<PyArray1<f32>>,
+    /// 0 root, 1 tree search, 2 suffix graft.
+    #[pyo3(get)]
+    sources: Py<PyArray1<u8>>,
+    /// T x T ancestor-or-self mask (row i: nodes node i attends to).
+    #[pyo3(get)]
+    mask: Py<PyArray2<bool>>,
+    len: usize,
+}
+
+#[pymethods]
+impl DraftTree {
+    fn __len__(&self) -> usize {
+        self.len
+    }
+    fn __repr__(&self) -> String {
+        format!("DraftTree(nodes={})", self.len)
+    }
+}
+
+struct Packed {
+    tokens: Vec<i64>,
+    parents: Vec<i64>,
+    depths: Vec<i64>,
+    scores: Vec<f32>,
+    sources: Vec<u8>,
+    mask: Vec<bool>,
+}
+
+impl Packed {
+    fn from_tree(t: &recap_core::DraftTree) -> Self {
+        Packed {
+            tokens: t.tokens.iter().map(|&x| x as i64).collect(),
+            parents: t.parents.iter().map(|&x| x as i64).collect(),
+            depths: t.depths.iter().map(|&x| x as i64).collect(),
+            scores: t.scores.clone(),
+            sources: t.sources.iter().map(|&s| s as u8).collect(),
+            mask: t.ancestor_mask(),
+        }
+    }
+
+    fn into_py(self, py: Python<'_>) -> PyResult<DraftTree> {
+        let n = self.tokens.len();
+        Ok(DraftTree {
+            tokens: self.tokens.into_pyarray(py).unbind(),
+            parents: self.parents.into_pyarray(py).unbind(),
+            depths: self.depths.into_pyarray(py).unbind(),
+            scores: self.scores.into_pyarray(py).unbind(),
+            sources: self.sources.into_pyarray(py).unbind(),
+            mask: self.mask.into_pyarray(py).reshape([n, n])?.unbind(),
+            len: n,
+        })
+    }
+}
+
+/// One request on a drafter (`Drafter.session()`): begin -> (seed) -> loop { propose ->
+/// verify -> observe } -> finish. Use one session per thread.
+#[pyclass(module = "recap._core")]
+pub struct Session {
+    pub(crate) session: DraftSession,
+    pub(crate) memory: Option<Py<PersistentMemory>>,
+}
+
+#[pymethods]
+impl Session {
+    /// Hardware-aware tree size: with `cost` (cost[n-1] = seconds of a verification pass
+    /// over n tokens), every tree is cut to the prefix with the most expected committed
+    /// tokens per second; None verifies whole trees.
+    #[pyo3(signature = (cost))]
+    fn set_cost(&mut self, cost: Option<Vec<f32>>) -> PyResult<()> {
+        self.session.set_auto_budget(cost).map_err(to_py)
+    }
+
+    /// The automatic budget, sizing trees by a cost curve measured at `points` tree tokens
+    /// (`seconds` per pass), which each step's timing then corrects (see observe_packed).
+    fn set_cost_points(&mut self, points: Vec<usize>, seconds: Vec<f64>) -> PyResult<()> {
+        self.session.set_cost_points(points, seconds).map_err(to_py)
+    }
+
+    /// The online cost curve's state as a dict (None without one): measured points and ms,
+    /// per-point and global correction factors, steps observed, host ms per step.
+    fn cost_state<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(c) = self.session.cost_curve() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("points", c.points().to_vec())?;
+        d.set_item(
+            "ms",
+            c.seconds().iter().map(|s| s * 1e3).collect::<Vec<f64>>(),
+        )?;
+        d.set_item("online_ratio", c.ratios().to_vec())?;
+        d.set_item("global_ratio", c.global_ratio())?;
+        d.set_item("observed_steps", c.observed())?;
+        d.set_item("host_ms", c.host_s() * 1e3)?;
+        Ok(Some(d))
+    }
+
+    /// (offered nodes, kept nodes, expected accepted nodes) of the last tree cut by the
+    /// hardware-aware budget, or None when it is off.
+    #[getter]
+    fn last_selection(&self) -> Option<(usize, usize, f32)> {
+        self.session.auto_budget().map(|b| {
+            let s = b.last();
+            (s.offered, s.kept, s.expected)
+        })
+    }
+
+    /// Acceptance calibration of the hardware-aware budget: (kind, bucket, prior, observed
+    /// nodes, calibrated probability) per bucket seen so far. "score" buckets are path
+    /// scores 2^(-bucket/4); "chain" buckets are depth * 4 + match-length class.
+    fn calibration(&self) -> Vec<(&'static str, u32, f32, f32, f32)> {
+        self.session
+            .auto_budget()
+            .map(|b| b.calibration())
+            .unwrap_or_default()
+    }
+
+    /// The most nodes one tree can hold, root not counted.
+    #[getter]
+    fn max_nodes(&self) -> usize {
+        self.session.drafter().max_nodes()
+    }
+
+    #[getter]
+    fn method(&self) -> &'static str {
+        self.session.drafter().name()
+    }
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.session.vocab_size()
+    }
+    /// The persistent memory this session drafts from and writes to, if any.
+    #[getter]
+    fn memory(&self, py: Python<'_>) -> Option<Py<PersistentMemory>> {
+        self.memory.as_ref().map(|m| m.clone_ref(py))
+    }
+    /// Committed tokens of the current request (prompt + output).
+    #[getter]
+    fn history<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        let h: Vec<i64> = self.session.history().iter().map(|&x| x as i64).collect();
+        h.into_pyarray(py)
+    }
+
+    /// Starts a request from its committed tokens; the last one is the first root.
+    fn begin(&mut self, py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<()> {
+        let context = ids_1d("context", context)?;
+        let session = &mut self.session;
+        py.detach(|| session.begin(&context)).map_err(to_py)
+    }
+
+    /// Seeds the memories from the prefill: row i ([n, k]) is the target's top-k after
+    /// context token i.
+    fn seed(
+        &mut self,
+        py: Python<'_>,
+        topk_ids: &Bound<'_, PyAny>,
+        topk_probs: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let (ids, s1) = ids_2d("topk_ids", topk_ids)?;
+        let (probs, s2) = probs_2d("topk_probs", topk_probs)?;
+        check_same_shape(s1, s2)?;
+        let vocab = self.session.vocab_size();
+        let session = &mut self.session;
+        py.detach(|| {
+            let rows = TopKRows::new(&ids, &probs, s1[1], s1[0], vocab)?;
+            session.seed(&rows)
+        })
+        .map_err(to_py)
+    }
+
+    /// Drafts the next tree.
+    fn propose(&mut self, py: Python<'_>) -> PyResult<DraftTree> {
+        let session = &mut self.session;
+        let packed = py
+            .detach(|| session.propose().map(Packed::from_tree))
+            .map_err(to_py)?;
+        packed.into_py(py)
+    }
+
+    /// Accepts the proposed tree against the target's per-node argmax `pred` [T] and its
+    /// top-k rows [T, k]; updates the memories. Returns (accepted node indices, committed
+    /// tokens) — the accepted path's tokens after the root, then the bonus token.
+    fn observe<'py>(
+        &mut self,
+        py: Python<'py>,
+        pred: &Bound<'_, PyAny>,
+        topk_ids: &Bound<'_, PyAny>,
+        topk_probs: &Bound<'_, PyAny>,
+    ) -> PyResult<(IdsArray<'py>, IdsArray<'py>)> {
+        let pred = ids_1d("pred", pred)?;
+        let (ids, s1) = ids_2d("topk_ids", topk_ids)?;
+        let (probs, s2) = probs_2d("topk_probs", topk_probs)?;
+        check_same_shape(s1, s2)?;
+        let vocab = self.session.vocab_size();
+        let session = &mut self.session;
+        let (path, committed) = py
+            .detach(|| {
+                let rows = TopKRows::new(&ids, &probs, s1[1], s1[0], vocab)?;
+                let acc = session.observe(&pred, &rows)?;
+                let committed: Vec<i64> = acc
+                    .committed_tokens(session.tree())
+                    .iter()
+                    .map(|&t| t as i64)
+                    .collect();
+                let path: Vec<i64> = acc.path.iter().map(|&i| i as i64).collect();
+                Ok((path, committed))
+            })
+            .map_err(to_py)?;
+        Ok((path.into_pyarray(py), committed.into_pyarray(py)))
+    }
+
+    /// Drafts the next tree into the caller's buffers (allocated once per request): tokens,
+    /// parents, depths and position ids (`position_base` + depth) [>= T] (int64) and the
+    /// T x T additive mask block (float32, flat, >= T*T; 0 where a node sees a column,
+    /// `masked` elsewhere). Returns (T, the deepest node's depth).
+    #[pyo3(signature = (tokens, parents, depths, positions, block, masked, position_base = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn propose_into(
+        &mut self,
+        py: Python<'_>,
+        tokens: PyReadwriteArray1<'_, i64>,
+        parents: PyReadwriteArray1<'_, i64>,
+        depths: PyReadwriteArray1<'_, i64>,
+        positions: PyReadwriteArray1<'_, i64>,
+        block: PyReadwriteArray1<'_, f32>,
+        masked: f32,
+        position_base: i64,
+    ) -> PyResult<(usize, i64)> {
+        let session = &mut self.session;
+        py.detach(|| session.propose().map(|_| ())).map_err(to_py)?;
+        let bufs = step::TreeBuffers {
+            tokens,
+            parents,
+            depths,
+            positions,
+            block,
+        };
+        step::write_tree(self.session.tree(), bufs, masked, position_base)
+    }
+
+    /// `observe` on the verifier's packed output [T, 1 + 2k] as it comes from the device
+    /// (column 0 the argmax, then k top ids, then k top probabilities). With the automatic
+    /// budget, `forward_s` (this pass) and `host_s` (the host work of the step before) feed
+    /// its cost curve.
+    #[pyo3(signature = (packed, k, forward_s = None, host_s = None))]
+    fn observe_packed<'py>(
+        &mut self,
+        py: Python<'py>,
+        packed: &Bound<'_, PyAny>,
+        k: usize,
+        forward_s: Option<f64>,
+        host_s: Option<f64>,
+    ) -> PyResult<(IdsArray<'py>, IdsArray<'py>)> {
+        let n = self.session.tree().len();
+        let (path, committed) = step::observe_packed(&mut self.session, py, packed, k)?;
+        if let Some(f) = forward_s {
+            self.session.observe_timing(n, f, host_s).map_err(to_py)?;
+        }
+        Ok((path.into_pyarray(py), committed.into_pyarray(py)))
+    }
+
+    /// `bytes()` by structure: {"persistent U": ..., "request automaton": ..., ...}.
+    fn bytes_by_part(&self) -> Vec<(&'static str, usize)> {
+        self.session.drafter().parts()
+    }
+
+    /// Heap bytes held by this session, its share of the persistent memory included.
+    fn bytes(&self) -> usize {
+        self.session.drafter().bytes()
+    }
+
+    /// Ends the request: what outlives it (the budget's calibration, a cross-request
+    /// output) goes back to the drafter. Idempotent; dropping the session does it too.
+    fn finish(&mut self) {
+        self.session.finish();
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&mut self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.session.finish();
+        false
+    }
+}
+
+fn check_same_shape(a: [usize; 2], b: [usize; 2]) -> PyResult<()> {
+    if a != b {
+        return Err(PyValueError::new_err(format!(
+            "topk_probs: expected the shape of topk_ids {:?}, got {:?}",
+            a, b
+        )));
+    }
+    Ok(())
+}
+
+pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Session>()?;
+    m.add_class::<DraftTree>()?;
+    Ok(())
+}
