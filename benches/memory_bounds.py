@@ -93,14 +93,11 @@ def pool_churn(vocab: int, requests: int, tenants: int, max_bytes: int, every: i
     """Requests from `tenants` scopes (Zipf-popular) through one pool bounded by max_bytes."""
     pool, syn = MemoryPool(max_bytes, rows_per_scope=4096), Synthetic(vocab, seed=2)
     d = RecapConfig(budget="auto").new_drafter(vocab)
-    own = d.memory
     samples, peak = [], 0
     for i in range(1, requests + 1):
         scope = f"tenant-{int(syn.rng.zipf(1.5)) % tenants}"
-        with pool.use(scope, vocab, K) as memory:
-            d.set_memory(memory)
-            run_request(d, syn, prompt_len=int(syn.rng.integers(16, 256)), new_tokens=16)
-            d.set_memory(own)
+        with pool.use(scope, vocab, K) as memory, d.session(memory=memory) as session:
+            run_request(session, syn, prompt_len=int(syn.rng.integers(16, 256)), new_tokens=16)
         peak = max(peak, pool.bytes())
         if i % every == 0 or i == requests:
             samples.append({"requests": i, "pool_bytes": pool.bytes(), "scopes": len(pool.stats()),

@@ -20,13 +20,14 @@ from recap import drafters
 from recap import linear_layout as layouts
 from recap._core import PersistentMemory
 from recap.adapters import ModelAdapter, adapter_for
+from recap.acceptance import NodePicks
 from recap.adapters.conformance import probe
 from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.config import RecapConfig
 from recap.memory_pool import MemoryPool, memory_fingerprint
 from recap.model_state import peek, state_of
 from recap.request import UNSET, Request, from_call
-from recap.sampling import TokenChooser, walk
+from recap.sampling import TokenChooser
 from recap.stats import GenerationStats
 from recap.step_buffers import StepBuffers
 
@@ -286,6 +287,9 @@ class Decoder:
         past = len(prompt)
         k = self.config.k
         bufs = StepBuffers(drafter.max_nodes, cache_size, adapter.dtype, device)
+        # Processed or sampled: each node's own pick, on the device (greedy reads the argmax).
+        picks = None if chooser.plain_greedy else NodePicks(chooser, prompt + [first], cache_size,
+                                                            drafter.max_nodes, device)
         phase = stats.phase_s
         host_s = None  # the previous step's host time, reported with this step's pass
         while not done:
@@ -296,12 +300,12 @@ class Decoder:
             mask = adapter.per_layer_type(bufs.full_mask(n, past), depths, past, deepest)
             t2 = time.perf_counter()
             logits = adapter.forward(cache, tokens, mask, positions)
-            packed = self._topk_packed(logits, k)
+            ta = time.perf_counter()
+            pred = None if picks is None else picks.pick(logits, bufs.tokens[:n], bufs.parents[:n],
+                                                         bufs.depths[:n], deepest, len(out))
+            tb = time.perf_counter()
+            packed = self._topk_packed(logits, k, pred)
             t3 = time.perf_counter()
-            if not chooser.plain_greedy:  # processed / sampled: walk the tree with this position's own picks
-                pred = packed[:, 0].astype(np.int64)
-                walk(chooser, bufs.tokens[:n], bufs.parents[:n], logits, prompt + out, len(out), pred)
-                packed[:, 0] = pred
             timed = self._cost is not None  # the budget controller learns from every step's timings
             path, committed = drafter.observe_packed(packed, k, t3 - t2 if timed else None, host_s)
             t4 = time.perf_counter()
@@ -315,6 +319,8 @@ class Decoder:
                     new = new[:i + 1]
                     done = True
                     break
+            if picks is not None:
+                picks.commit(new)
             if streamer is not None:
                 streamer.put(torch.tensor(new))
             stats.steps += 1
@@ -328,11 +334,12 @@ class Decoder:
             t6 = time.perf_counter()
             phase["draft"] += t1 - t0
             phase["pack"] += t2 - t1
-            phase["forward"] += t3 - t2
+            phase["forward"] += (ta - t2) + (t3 - tb)
+            phase["pick"] += tb - ta  # on a CPU the processors and picks run on the host
             phase["update"] += t4 - t3
             phase["compact"] += t5 - t4
             phase["other"] += t6 - t5
-            host_s = (t2 - t0) + (t6 - t3)
+            host_s = (t2 - t0) + (tb - ta) + (t6 - t3)
         if streamer is not None:
             streamer.end()
         if self._cost is not None:
@@ -389,9 +396,10 @@ class Decoder:
         return first, ids, probs
 
     @staticmethod
-    def _topk_packed(logits: torch.Tensor, k: int) -> np.ndarray:
-        """argmax, top-k ids and top-k probabilities per node, moved to the host in one transfer."""
-        pred = logits.argmax(dim=-1)
+    def _topk_packed(logits: torch.Tensor, k: int, pred: torch.Tensor | None = None) -> np.ndarray:
+        """Each node's pick (the argmax unless `pred` gives the processed or sampled picks),
+        top-k ids and top-k probabilities per node, moved to the host in one transfer."""
+        pred = logits.argmax(dim=-1) if pred is None else pred
         probs, ids = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
         # Token ids < 2**24 are exact in float32; larger vocabularies go through float64.
         dt = torch.float32 if logits.shape[-1] < (1 << 24) else torch.float64

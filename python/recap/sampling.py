@@ -2,10 +2,11 @@
 builds from a `GenerationConfig` (temperature, top-k/p, min-p, typical, epsilon/eta,
 repetition and n-gram penalties, bad words, suppression, minimum lengths, a user's own list).
 
-Acceptance for drafts without draft probabilities (every drafter here): at the root, process
-the node's logits with its own history (prompt + committed tokens + the node's path), pick a
-token; if a child of the node carries that token, descend and repeat; the first node with no
-such child commits its own pick. Each committed token is thereby picked from exactly the
+Acceptance for drafts without draft probabilities (every drafter here): every node's logits
+are processed with its own history (prompt + committed tokens + the node's path) and give
+the node's pick (`recap.acceptance`, on the device); from the root, a child carrying its
+parent's pick is accepted, and the deepest accepted node commits its own pick (Rust's
+`accept_path`, the same walk as greedy decoding). Each committed token is thereby picked from exactly the
 distribution one-token-at-a-time generation would have used at that position, given the same
 preceding tokens: the tree only decides how many of those picks one pass can serve (see
 README, "Sampling").
@@ -36,17 +37,28 @@ def uniform(seed: int, t: int) -> float:
     return (_splitmix64(_splitmix64(seed & _M) ^ (t & _M)) >> 11) * 2.0**-53
 
 
+def pick_rows(scores: torch.Tensor, do_sample: bool, u: float) -> torch.Tensor:
+    """Per row of processed `scores` [m, V]: the argmax, or the token whose cumulative
+    probability (token-id order) first exceeds `u` (never a zero-probability token)."""
+    if not do_sample:
+        return scores.argmax(dim=-1)
+    probs = torch.softmax(scores.double(), dim=-1)
+    cdf = torch.cumsum(probs, dim=-1)
+    idx = torch.searchsorted(cdf, cdf[:, -1:] * u, right=True).clamp_max_(probs.shape[-1] - 1)
+    # Rounding at the very top of the CDF can land on a zero-probability token: step back to
+    # the last token with probability > 0 at or before it. (Checked first on a CPU, where
+    # reading costs nothing; an accelerator always takes the branch-free form.)
+    if probs.device.type == "cpu" and bool((probs.gather(1, idx) > 0).all()):
+        return idx.squeeze(1)
+    ids = torch.arange(probs.shape[-1], device=probs.device)
+    last_nonzero = torch.where(probs > 0, ids, -1).cummax(dim=-1).values
+    return last_nonzero.gather(1, idx).clamp_min_(0).squeeze(1)
+
+
 def inverse_cdf(scores: torch.Tensor, u: float) -> int:
     """The token whose cumulative probability (token-id order) first exceeds u; tokens with
     probability 0 are never picked."""
-    probs = torch.softmax(scores.double(), dim=-1)
-    cdf = torch.cumsum(probs, dim=-1)
-    idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype, device=cdf.device),
-                                 right=True))
-    idx = min(idx, probs.shape[-1] - 1)
-    while probs[idx] == 0 and idx > 0:  # rounding at the very top of the CDF
-        idx -= 1
-    return idx
+    return int(pick_rows(scores.unsqueeze(0), True, u)[0])
 
 
 class TokenChooser:
@@ -69,22 +81,4 @@ class TokenChooser:
         if self.processors is not None:
             ids = torch.tensor([history], dtype=torch.long, device=logits.device)
             scores = self.processors(ids, scores)
-        if not self.do_sample:
-            return int(scores[0].argmax())
-        return inverse_cdf(scores[0], uniform(self.seed, t))
-
-
-def walk(chooser: TokenChooser, tokens: np.ndarray, parents: np.ndarray, logits: torch.Tensor,
-         history: list[int], t: int, pred: np.ndarray) -> None:
-    """Writes the chosen token into `pred` at every node of the accepted walk (root first),
-    so the drafter's acceptance follows exactly that walk and commits its last pick."""
-    node, path = 0, list(history)
-    while True:
-        tok = chooser.choose(path, logits[node], t)
-        pred[node] = tok
-        match = np.flatnonzero((parents == node) & (tokens == tok))
-        if match.size == 0:
-            return
-        node = int(match[0])
-        path.append(tok)
-        t += 1
+        return int(pick_rows(scores, self.do_sample, uniform(self.seed, t) if self.do_sample else 0.0)[0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-PHASES = ("draft", "pack", "forward", "update", "compact", "other")
+PHASES = ("draft", "pack", "forward", "pick", "update", "compact", "other")
 
 
 @dataclass
