@@ -16,6 +16,8 @@ def test_gpu_check_runs_in_its_tiny_cpu_mode(tmp_path):
     report = json.loads(out.read_text())
     assert [int(n) for n in report["cost_ms"]] == [1, 2, 4, 8, 16, 32, 64, 128]
     assert all(v > 0 for v in report["cost_ms"].values())
-    assert report["steps"] > 0 and report["new_tokens"] == 32 and report["tau"] >= 1.0
+    assert report["new_tokens"] == 32
+    # Its prompt repeats itself, so drafts are accepted: fewer passes than tokens.
+    assert 0 < report["steps"] < report["new_tokens"] - 1 and report["tau"] > 1.0
     assert report["host_us_per_step"]["host"] > 0
     assert report["tree_vs_one_token_argmax_agreement"] == 1.0  # float64: a tree pass equals one-token passes
