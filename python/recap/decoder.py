@@ -19,8 +19,8 @@ import torch
 from recap import drafters
 from recap import linear_layout as layouts
 from recap._core import PersistentMemory
-from recap.adapters import ModelAdapter, adapter_for
 from recap.acceptance import NodePicks
+from recap.adapters import ModelAdapter, adapter_for
 from recap.adapters.conformance import probe
 from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.config import RecapConfig

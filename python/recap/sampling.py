@@ -19,7 +19,6 @@ sampling (`drafter="ar"`) with the same seed.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 _M = (1 << 64) - 1
