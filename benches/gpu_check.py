@@ -51,9 +51,9 @@ def build(shapes: dict, device: str, dtype: torch.dtype) -> torch.nn.Module:
 
 def cost_curve(dec, sizes: list[int], reps: int) -> dict[int, float]:
     from recap.budget import ChainPasses
-    from recap.decoder import _ChainVerifier
+    from recap.decoder import _PassFactory
 
-    passes = ChainPasses(dec.model, _ChainVerifier(dec))
+    passes = ChainPasses(dec.model, _PassFactory(dec), max(sizes))
     out = {}
     for n in sizes:
         tokens = passes.draw(n)
@@ -65,6 +65,7 @@ def cost_curve(dec, sizes: list[int], reps: int) -> dict[int, float]:
 @torch.no_grad()
 def agreement(dec, n: int = 64, context: int = 128) -> float:
     """Share of chain positions whose tree-pass argmax equals the one-token-pass argmax."""
+    from recap.tree_pass import TreePass
     from transformers import DynamicCache
 
     model, adapter = dec.model, dec.adapter
@@ -76,12 +77,9 @@ def agreement(dec, n: int = 64, context: int = 128) -> float:
     model(input_ids=ids[:, :context], **{kw: ref_cache}, use_cache=True)
     one = [int(model(input_ids=ids[:, i:i + 1], **{kw: ref_cache}, use_cache=True).logits[0, -1].argmax())
            for i in range(context, context + n)]
-    cache = adapter.new_cache()
-    model(input_ids=ids[:, :context], **{kw: cache}, use_cache=True)
-    depths = torch.arange(n, device=device)
-    chain = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-    mask = adapter.attention_mask(chain, depths, context, adapter.dtype)
-    tree = adapter.forward(cache, ids[:, context:], mask, adapter.tree_positions(context, depths)).argmax(-1)
+    tp = TreePass(adapter, n, context + n + 1)
+    tp.prefill(ids[:, :context], None, {}, seed_rows=False)
+    tree = tp.verify(*tp.load_chain(ids[0, context:].tolist())).argmax(-1)
     return sum(int(a == b) for a, b in zip(tree.tolist(), one, strict=True)) / n
 
 

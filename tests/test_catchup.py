@@ -14,6 +14,7 @@ import recap
 import recap.catchup as catchup
 import torch
 from recap import RecapConfig
+from recap.adapters import adapter_for
 from recap.catchup import CatchUpConfig, last_token_attention, transition_correct
 from tiny_models import (
     IMAGE_TOKEN,
@@ -111,7 +112,8 @@ def masked_reference(model, inputs, cfg: CatchUpConfig, stats, case):
             if j in stage_of:
                 s = stage_of[j]
                 if not cfg.monotonic:
-                    score = last_token_attention(layer, h[0], pe[0][0], pe[1][0], n_tok - 1)[vis]
+                    parts = adapter_for(model).attention_parts(layer)
+                    score = last_token_attention(parts, h[0], pe[0][0], pe[1][0], n_tok - 1)[vis]
                     assert sorted(score.topk(len(stats.selections[s])).indices.tolist()) == stats.selections[s]
                 new = torch.zeros(n, dtype=torch.bool)
                 new[stats.selections[s]] = True
@@ -262,8 +264,36 @@ def test_scorer_equals_eager_attention_last_row(case):
     last = inputs["input_ids"].shape[1] - 1
     for j in (1, 4, 7):
         states, (cos, sin) = seen[j]
-        got = last_token_attention(lm.layers[j], states[0], cos[0], sin[0], last)
+        parts = adapter_for(eager).attention_parts(lm.layers[j])
+        got = last_token_attention(parts, states[0], cos[0], sin[0], last)
         torch.testing.assert_close(got.to(torch.float64), out.attentions[j][0, :, -1, :].mean(0), rtol=1e-6, atol=1e-9)
+
+
+def test_routing_reads_attention_only_through_the_adapter():
+    """A family with fused projections is one `attention_parts` override: here the layer's
+    q/k/v weights are moved into one fused linear map, the separate ones are deleted, and
+    the scores read through the override are the dense model's."""
+    from recap.adapters.base import AttentionParts
+
+    model, inputs = CASES["llava"]()
+    model = copy.deepcopy(model)  # the tiny models are shared between tests; this one is taken apart
+    layer = model.model.language_model.layers[1]
+    parts = adapter_for(model).attention_parts(layer)
+    states = torch.randn(inputs["input_ids"].shape[1], parts.hidden, dtype=torch.float64)
+    pos = torch.randn(states.shape[0], parts.head_dim, dtype=torch.float64)
+    want = last_token_attention(parts, states, pos.cos(), pos.sin(), states.shape[0] - 1)
+    attn = layer.self_attn
+    q, k = attn.q_proj.out_features, attn.k_proj.out_features
+    fused = torch.nn.Linear(parts.hidden, q + 2 * k, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    norm = layer.input_layernorm
+    del attn.q_proj, attn.k_proj, attn.v_proj, layer.input_layernorm  # nothing Llama-shaped is left to read
+    fused_parts = AttentionParts(norm=norm, query=lambda x: fused(x)[..., :q], key=lambda x: fused(x)[..., q:q + k],
+                                 head_dim=parts.head_dim, scaling=parts.scaling, query_features=q,
+                                 key_features=k, hidden=parts.hidden)
+    got = last_token_attention(fused_parts, states, pos.cos(), pos.sin(), states.shape[0] - 1)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
 
 
 # ---- composition with RECAP -------------------------------------------------------------------

@@ -44,14 +44,13 @@ def model_key(model: torch.nn.Module) -> tuple:
     return (str(p.device), str(p.dtype), torch.get_num_threads())
 
 
-def cost_model(model: torch.nn.Module, verify, max_tokens: int, *, variant: tuple = (),
+def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tuple = (),
                refresh: bool = False, reps: int = 3) -> CostModel:
     """The cached cost model of `model` (measured now if missing, or if `refresh`).
 
-    `verify(cache, past, tokens)` runs one verification pass of a [1, n] chain of tokens the
-    way the decoder does; `new_cache()` comes with it as `verify.new_cache`, and the token
-    ids never to feed (image placeholders) as `verify.excluded`. `variant` names anything
-    else the passes depend on (the linear layout they run in)."""
+    `new_pass(capacity)` makes a `recap.tree_pass.TreePass` of the model (the pass decoding
+    runs), with the token ids never to feed (image placeholders) as `new_pass.excluded`.
+    `variant` names anything else the passes depend on (the linear layout they run in)."""
     per_model = state_of(model).cost_curves  # with the model: it goes when the model goes
     key = model_key(model) + tuple(variant)
     found = per_model.get(key)
@@ -59,25 +58,24 @@ def cost_model(model: torch.nn.Module, verify, max_tokens: int, *, variant: tupl
         return found
     points = [p for p in POINTS if p < max_tokens] + [max_tokens]
     points = sorted(set(points))
-    seconds = _measure(model, verify, points, reps)
+    seconds = _measure(model, new_pass, points, reps)
     per_model[key] = CostModel(points, seconds)
     return per_model[key]
 
 
 class ChainPasses:
     """Verification passes over random chains after a fixed random context of
-    CALIBRATION_PAST tokens, run exactly as decoding steps run them (`verify`)."""
+    CALIBRATION_PAST tokens, run by the decoder's own tree pass (`TreePass.chain`)."""
 
-    def __init__(self, model: torch.nn.Module, verify) -> None:
-        self.model, self.verify = model, verify
+    def __init__(self, model: torch.nn.Module, new_pass, max_tokens: int = POINTS[-1]) -> None:
+        self.model = model
         self.device = next(model.parameters()).device
         self.vocab = model.get_output_embeddings().weight.shape[0]
         self.gen = torch.Generator().manual_seed(0)
-        self.excluded = torch.tensor(sorted(getattr(verify, "excluded", ())), dtype=torch.long)
-        self.cache = verify.new_cache()
+        self.excluded = torch.tensor(sorted(getattr(new_pass, "excluded", ())), dtype=torch.long)
+        self.tree_pass = new_pass(CALIBRATION_PAST + max_tokens, max_tokens)
         with torch.no_grad():
-            model(input_ids=self.draw(CALIBRATION_PAST), **{verify.cache_kw: self.cache}, use_cache=True,
-                  logits_to_keep=1)
+            self.tree_pass.prefill(self.draw(CALIBRATION_PAST), None, {}, seed_rows=False)
 
     def draw(self, n: int) -> torch.Tensor:
         # Random text tokens; never an image placeholder (it would read as an image prompt).
@@ -87,15 +85,14 @@ class ChainPasses:
     @torch.no_grad()
     def run(self, tokens: torch.Tensor) -> float:
         """Seconds of one pass over `tokens` (the cache is left as it was)."""
+        ids = tokens[0].tolist()  # the host side of a step: the drafter writes host buffers
         t = time.perf_counter()
-        self.verify(self.cache, CALIBRATION_PAST, tokens)
-        dt = time.perf_counter() - t
-        self.cache.crop(-tokens.shape[1])
-        return dt
+        self.tree_pass.chain(ids)
+        return time.perf_counter() - t
 
 
-def _measure(model, verify, points: list[int], reps: int) -> list[float]:
-    passes = ChainPasses(model, verify)
+def _measure(model, new_pass, points: list[int], reps: int) -> list[float]:
+    passes = ChainPasses(model, new_pass, max(points))
     out = []
     for n in points:
         tokens = passes.draw(n)

@@ -21,36 +21,26 @@ from recap import linear_layout as layouts
 from recap._core import PersistentMemory
 from recap.acceptance import NodePicks
 from recap.adapters import ModelAdapter, adapter_for
-from recap.adapters.conformance import probe
 from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.config import RecapConfig
+from recap.conformance import probe
 from recap.memory_pool import MemoryPool, memory_fingerprint
 from recap.model_state import peek, state_of
 from recap.request import UNSET, Request, from_call
-from recap.sampling import TokenChooser
 from recap.stats import GenerationStats
-from recap.step_buffers import StepBuffers
-
-PREFILL_SEED_CHUNK = 256  # prompt positions per LM-head chunk when seeding (bounds memory)
+from recap.tree_pass import TreePass
 
 
-class _ChainVerifier:
-    """Runs verification passes over chains of n tokens exactly as decoding steps do (for
-    measuring the cost curve)."""
+class _PassFactory:
+    """Makes this decoder's tree passes for calibration and the linear-layout probe (the pass
+    decoding runs)."""
 
     def __init__(self, decoder: Decoder) -> None:
-        self.decoder = decoder
-        self.cache_kw = decoder.adapter.cache_keyword
-        self.new_cache = decoder.adapter.new_cache
+        self.adapter, self.k = decoder.adapter, decoder.config.k
         self.excluded = decoder.adapter.excluded
 
-    def __call__(self, cache, past: int, tokens: torch.Tensor) -> np.ndarray:
-        d = self.decoder
-        n = tokens.shape[1]
-        chain = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
-        depths = torch.arange(n, device=tokens.device)
-        mask = d.adapter.attention_mask(chain, depths, past, d.adapter.dtype)
-        return d._forward_packed(cache, tokens, mask, d.adapter.tree_positions(past, depths))
+    def __call__(self, capacity: int, max_tokens: int) -> TreePass:
+        return TreePass(self.adapter, max_tokens - 1, capacity, self.k)
 
 
 class Decoder:
@@ -150,7 +140,7 @@ class Decoder:
         def probe() -> None:
             nonlocal passes, tokens
             if passes is None:
-                passes = ChainPasses(self.model, _ChainVerifier(self))
+                passes = ChainPasses(self.model, _PassFactory(self), layouts.PROBE_TOKENS)
                 tokens = passes.draw(layouts.PROBE_TOKENS)
             passes.run(tokens)
 
@@ -171,17 +161,12 @@ class Decoder:
             return self._calibrate(refresh)
 
     def _calibrate(self, refresh: bool = False) -> CostModel:
-        verify = _ChainVerifier(self)
+        new_pass = _PassFactory(self)
         with self._layout if self._layout is not None else contextlib.nullcontext():
-            self._cost = cost_model(self.model, verify, self._drafter.max_nodes + 1,
+            self._cost = cost_model(self.model, new_pass, self._drafter.max_nodes + 1,
                                     variant=(self._layout_name(),), refresh=refresh)
         self._drafter.set_cost_points(self._cost.points, self._cost.seconds)
         return self._cost
-
-    def _forward_packed(self, cache, tokens, mask, positions) -> np.ndarray:
-        """One verification pass: logits of every tree node, reduced on the device to the
-        argmax and top-k, copied to the host in one transfer."""
-        return self._topk_packed(self.adapter.forward(cache, tokens, mask, positions), self.config.k)
 
     # ---- the loop ---------------------------------------------------------------------
     @torch.no_grad()
@@ -250,29 +235,27 @@ class Decoder:
                                        fingerprint=memory_fingerprint(self.model))
         self.memory = loaded  # requests that start from now on draw on it; running ones keep theirs
 
-    def _generate(self, req: Request, drafter) -> torch.Tensor:
-        input_ids, attention_mask, max_new, eos = req.input_ids, req.attention_mask, req.max_new, req.eos
-        streamer, model_inputs, chooser = req.streamer, req.model_inputs, req.chooser
+    def _generate(self, req: Request, session) -> torch.Tensor:
+        """prompt -> prefill -> loop { draft -> pack -> verify -> pick -> accept + update ->
+        compact -> commit }: one request on its own session and tree pass."""
+        input_ids, max_new, eos, streamer, chooser = req.input_ids, req.max_new, req.eos, req.streamer, req.chooser
         stats = GenerationStats()
         self._local.stats = self._last_stats = stats
         t_start = time.perf_counter()
-        model = self.model
-        device = input_ids.device
         prompt = input_ids[0].tolist()
-
         adapter = self.adapter
         # Room for the prompt, every new token and one more tree (the cache grows past it if needed).
-        cache_size = input_ids.shape[1] + min(max_new, 1 << 16) + drafter.max_nodes + 1
-        cache = adapter.new_cache(cache_size)
+        capacity = input_ids.shape[1] + min(max_new, 1 << 16) + session.max_nodes + 1
+        tp = TreePass(adapter, session.max_nodes, capacity, self.config.k)
         # A family that keeps per-request state on the model (M-RoPE offsets) prefills under the
         # model's lock, so a concurrent request cannot overwrite the state before it is read.
-        shared = state_of(model).prefill_lock if adapter.keeps_request_state else contextlib.nullcontext()
+        shared = state_of(self.model).prefill_lock if adapter.keeps_request_state else contextlib.nullcontext()
         with shared:
             adapter.before_prefill()
-            first, seed_ids, seed_probs = self._prefill(input_ids, attention_mask, cache, model_inputs, chooser)
-            offset = adapter.position_offset()
+            last, (seed_ids, seed_probs) = tp.prefill(input_ids, req.attention_mask, req.model_inputs)
+        first = chooser.choose(prompt, last, 0)
         stats.prefill_s = time.perf_counter() - t_start
-        router = getattr(peek(model), "router", None)  # routing stats are kept per thread
+        router = getattr(peek(self.model), "router", None)  # routing stats are kept per thread
         if router is not None and router.last_stats is not None:
             stats.routing = router.last_stats.as_dict()
         if streamer is not None and not req.streamer_has_prompt:
@@ -280,74 +263,62 @@ class Decoder:
         out = [first]
         if streamer is not None:
             streamer.put(torch.tensor([first]))
-        done = first in eos or len(out) >= max_new or self._stop(req, prompt, out)
-        if not done:
-            drafter.begin(np.asarray(prompt + [first], dtype=np.int64))
-            drafter.seed(seed_ids, seed_probs)
-        past = len(prompt)
-        k = self.config.k
-        bufs = StepBuffers(drafter.max_nodes, cache_size, adapter.dtype, device)
+        if not (first in eos or len(out) >= max_new or self._stop(req, prompt, out)):
+            session.begin(np.asarray(prompt + [first], dtype=np.int64))
+            session.seed(seed_ids, seed_probs)
+            self._decode(req, session, tp, prompt, out, stats)
+        if streamer is not None:
+            streamer.end()
+        if self._cost is not None:
+            stats.cost = session.cost_state()
+        stats.new_tokens = len(out)
+        stats.total_s = time.perf_counter() - t_start
+        return torch.tensor([prompt + out], dtype=input_ids.dtype, device=input_ids.device)
+
+    def _decode(self, req: Request, session, tp: TreePass, prompt: list[int], out: list[int],
+                stats: GenerationStats) -> None:
+        """The steps after the first token, until EOS, the length or a stopping criterion."""
+        eos, max_new, streamer, k = req.eos, req.max_new, req.streamer, self.config.k
         # Processed or sampled: each node's own pick, on the device (greedy reads the argmax).
-        picks = None if chooser.plain_greedy else NodePicks(chooser, prompt + [first], cache_size,
-                                                            drafter.max_nodes, device)
-        phase = stats.phase_s
+        picks = None if req.chooser.plain_greedy else NodePicks(req.chooser, prompt + out, tp.bufs.mask.shape[-1],
+                                                                session.max_nodes, tp.device)
+        bufs, timed, phase = tp.bufs, self._cost is not None, stats.phase_s
         host_s = None  # the previous step's host time, reported with this step's pass
+        done = False
         while not done:
             t0 = time.perf_counter()
-            n, deepest = bufs.draft(drafter, adapter.position_base(past, offset))
+            n, deepest = tp.draft(session)
             t1 = time.perf_counter()
-            tokens, depths, positions = bufs.upload(n)
-            mask = adapter.per_layer_type(bufs.full_mask(n, past), depths, past, deepest)
+            inputs = tp.upload(n, deepest)
             t2 = time.perf_counter()
-            logits = adapter.forward(cache, tokens, mask, positions)
+            logits = tp.forward(*inputs)
             ta = time.perf_counter()
             pred = None if picks is None else picks.pick(logits, bufs.tokens[:n], bufs.parents[:n],
                                                          bufs.depths[:n], deepest, len(out))
             tb = time.perf_counter()
-            packed = self._topk_packed(logits, k, pred)
+            packed = tp.packed(logits, pred)
             t3 = time.perf_counter()
-            timed = self._cost is not None  # the budget controller learns from every step's timings
-            path, committed = drafter.observe_packed(packed, k, t3 - t2 if timed else None, host_s)
+            # The budget controller learns from every step's timings.
+            path, committed = session.observe_packed(packed, k, t3 - t2 if timed else None, host_s)
             t4 = time.perf_counter()
-            adapter.compact_cache(cache, path, n)
-            past += len(path)
+            tp.compact(path, n)
             t5 = time.perf_counter()
             new = committed.tolist()
             for i, tok in enumerate(new):
                 out.append(tok)
                 if tok in eos or len(out) >= max_new or self._stop(req, prompt, out):
-                    new = new[:i + 1]
-                    done = True
+                    new, done = new[:i + 1], True
                     break
             if picks is not None:
                 picks.commit(new)
             if streamer is not None:
                 streamer.put(torch.tensor(new))
-            stats.steps += 1
-            stats.accepted_lengths[len(path) - 1] += 1
-            stats.tree_sizes.append(n)
-            if self._cost is not None:
-                selection = drafter.last_selection
-                if selection is not None:
-                    stats.offered_nodes += selection[0]
-                    stats.predicted_accepted += selection[2]
+            stats.record_step(n, len(path), session.last_selection if timed else None)
             t6 = time.perf_counter()
-            phase["draft"] += t1 - t0
-            phase["pack"] += t2 - t1
-            phase["forward"] += (ta - t2) + (t3 - tb)
-            phase["pick"] += tb - ta  # on a CPU the processors and picks run on the host
-            phase["update"] += t4 - t3
-            phase["compact"] += t5 - t4
-            phase["other"] += t6 - t5
+            for name, dt in (("draft", t1 - t0), ("pack", t2 - t1), ("forward", (ta - t2) + (t3 - tb)),
+                             ("pick", tb - ta), ("update", t4 - t3), ("compact", t5 - t4), ("other", t6 - t5)):
+                phase[name] += dt  # "pick": on a CPU the processors and picks run on the host
             host_s = (t2 - t0) + (tb - ta) + (t6 - t3)
-        if streamer is not None:
-            streamer.end()
-        if self._cost is not None:
-            stats.cost = drafter.cost_state()
-        stats.new_tokens = len(out)
-        stats.total_s = time.perf_counter() - t_start
-        result = torch.tensor([prompt + out], dtype=input_ids.dtype, device=device)
-        return result
 
     @staticmethod
     def _stop(req: Request, prompt: list[int], out: list[int]) -> bool:
@@ -357,51 +328,3 @@ class Decoder:
             return False
         ids = torch.tensor([prompt + out], device=req.input_ids.device)
         return bool(req.stopping(ids, None).any())
-
-    def _prefill(self, input_ids, attention_mask, cache, model_inputs, chooser: TokenChooser):
-        """Runs the prompt; returns the first token and the prompt's top-K rows for seeding.
-
-        Final hidden states are captured at the decoder's last norm, and the LM head runs over
-        them in chunks, so full-vocabulary logits are never held for the whole prompt."""
-        captured: list[torch.Tensor] = []
-        norm = self.adapter.final_norm
-        me = threading.get_ident()  # the norm is shared: other threads' forwards pass this hook too
-
-        def capture(_m, _i, o):
-            if threading.get_ident() == me:
-                captured.append(o)
-
-        handle = norm.register_forward_hook(capture) if norm is not None else None
-        try:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                             **{self.adapter.cache_keyword: cache}, use_cache=True, logits_to_keep=1, **model_inputs)
-        finally:
-            if handle is not None:
-                handle.remove()
-        first = chooser.choose(input_ids[0].tolist(), out.logits[0, -1], 0)
-        k = self.config.k
-        if not captured:
-            empty = np.zeros((0, k))
-            return first, empty.astype(np.int64), empty.astype(np.float32)
-        hidden = captured[-1][0]
-        head = self.adapter.lm_head
-        ids_chunks, prob_chunks = [], []
-        for s in range(0, hidden.shape[0], PREFILL_SEED_CHUNK):
-            logits = head(hidden[s:s + PREFILL_SEED_CHUNK])
-            p, i = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
-            ids_chunks.append(i)
-            prob_chunks.append(p)
-        ids = torch.cat(ids_chunks).cpu().numpy().astype(np.int64)
-        probs = torch.cat(prob_chunks).cpu().numpy().astype(np.float32)
-        return first, ids, probs
-
-    @staticmethod
-    def _topk_packed(logits: torch.Tensor, k: int, pred: torch.Tensor | None = None) -> np.ndarray:
-        """Each node's pick (the argmax unless `pred` gives the processed or sampled picks),
-        top-k ids and top-k probabilities per node, moved to the host in one transfer."""
-        pred = logits.argmax(dim=-1) if pred is None else pred
-        probs, ids = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
-        # Token ids < 2**24 are exact in float32; larger vocabularies go through float64.
-        dt = torch.float32 if logits.shape[-1] < (1 << 24) else torch.float64
-        packed = torch.cat([pred.unsqueeze(-1).to(dt), ids.to(dt), probs.to(dt)], dim=-1)
-        return packed.cpu().numpy()

@@ -156,9 +156,15 @@ class SlabLayer(DynamicLayer):
 class SlabCache(DynamicCache):
     """A `DynamicCache` whose layers share one preallocated buffer (see the module doc)."""
 
-    def __init__(self, n_layers: int, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, n_layers: int, capacity: int = DEFAULT_CAPACITY, *, index_slots: int = 0,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         self.slab = _Slab(n_layers, capacity)
+        # The compaction's source indices, in one host buffer allocated once (pinned where
+        # the cache lives on an accelerator, so the upload does not wait for the device; the
+        # step's download has completed the previous upload before the next write).
+        pin = device is not None and torch.device(device).type == "cuda"
+        self._index = torch.zeros(max(index_slots, 1), dtype=torch.int64, pin_memory=pin)
         self.layer_class_to_replicate = lambda: SlabLayer(self.slab, len(self.layers))
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -185,13 +191,15 @@ class SlabCache(DynamicCache):
                         self._move(k, v, layer.length - tree_len, path)
         self.crop(-(tree_len - accepted))
 
-    @staticmethod
-    def _move(keys: torch.Tensor, values: torch.Tensor, base: int, path: np.ndarray) -> None:
+    def _move(self, keys: torch.Tensor, values: torch.Tensor, base: int, path: np.ndarray) -> None:
         """Entries base + path[1:] move to base + 1, base + 2, ... (each source is at or after
         its destination, and gathered before the write)."""
-        idx = torch.from_numpy(np.ascontiguousarray(base + path[1:], dtype=np.int64))
-        if keys.device.type != "cpu":  # pinned, so the upload does not wait for the device
-            idx = idx.pin_memory().to(keys.device, non_blocking=True)
+        m = len(path) - 1
+        if self._index.shape[0] < m:
+            self._index = torch.zeros(m, dtype=torch.int64, pin_memory=self._index.is_pinned())
+        host = self._index[:m]
+        np.add(path[1:], base, out=host.numpy())
+        idx = host if keys.device.type == "cpu" else host.to(keys.device, non_blocking=True)
         dst = slice(base + 1, base + len(path))
         keys[..., dst, :] = keys.index_select(-2, idx)
         values[..., dst, :] = values.index_select(-2, idx)

@@ -28,6 +28,16 @@ class GenerationStats:
     #: (`RoutingStats.as_dict()`); None otherwise.
     routing: dict | None = None
 
+    def record_step(self, tree_size: int, path_len: int, selection: tuple | None) -> None:
+        """One verification step: its tree size, its accepted path (root included) and, with
+        the automatic budget, the controller's (offered, kept, expected accepted) nodes."""
+        self.steps += 1
+        self.accepted_lengths[path_len - 1] += 1
+        self.tree_sizes.append(tree_size)
+        if selection is not None:
+            self.offered_nodes += selection[0]
+            self.predicted_accepted += selection[2]
+
     @property
     def observed_accepted(self) -> int:
         """Accepted draft nodes over all steps (bonus tokens not counted)."""

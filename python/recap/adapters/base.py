@@ -1,5 +1,6 @@
-"""The generic adapter: everything the decoder, the cost curve and the router need to know
-about a decoder-only transformers model, read from the model itself (no class names).
+"""The generic adapter: the facts about a decoder-only transformers model that the tree pass
+(`recap.tree_pass`), the cost curve and the router need, read from the model itself (no
+class names). Adapters import nothing of the decoding loop.
 
 A family that needs something else (multimodal RoPE, visual-token routing) subclasses
 `ModelAdapter` in one file under `recap/adapters/families/`.
@@ -9,12 +10,10 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
-import numpy as np
 import torch
-
-from recap.kv_cache import DEFAULT_CAPACITY, SlabCache
-from recap.step_buffers import masked_value
 
 # Attention layer types whose cache is a plain key/value list (cropped and gathered per token).
 ATTENTION_TYPES = ("full_attention", "sliding_attention")
@@ -34,12 +33,38 @@ def layer_types(cfg) -> list[str]:
     return list(types)
 
 
+@dataclass(frozen=True)
+class AttentionParts:
+    """What visual-token routing reads of one decoder layer's attention: its input norm, the
+    query and key projections ([n, hidden] -> [n, heads * head_dim]), optional per-head
+    query/key norms, the head size and score scaling, and the projection widths."""
+
+    norm: Callable[[torch.Tensor], torch.Tensor]
+    query: Callable[[torch.Tensor], torch.Tensor]
+    key: Callable[[torch.Tensor], torch.Tensor]
+    head_dim: int
+    scaling: float
+    query_features: int
+    key_features: int
+    hidden: int
+    q_norm: Callable[[torch.Tensor], torch.Tensor] | None = None
+    k_norm: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
 class ModelAdapter:
     """One loaded model, seen through what tree verification needs."""
 
     model_types: tuple[str, ...] = ()  # config.model_type values a family file handles
     routing = False  # recap.catchup can route this family's visual tokens
     keeps_request_state = False  # the model stores per-request state on itself at the prefill
+    #: The keyword under which a decoder layer receives its rotary (cos, sin) tables.
+    rotary_keyword = "position_embeddings"
+
+    @classmethod
+    def refusal(cls, model_type: str) -> str | None:
+        """Why this family's `model_type` cannot be tree-verified (None: it can). A family
+        file refuses its model types by overriding this."""
+        return None
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -87,43 +112,7 @@ class ModelAdapter:
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    # ---- cache -----------------------------------------------------------------------------
-    def new_cache(self, capacity: int = DEFAULT_CAPACITY):
-        """A `recap.kv_cache.SlabCache` sized for `capacity` entries per layer (it grows past
-        them). Every attention layer keeps all its entries, sliding ones included: the window
-        is applied by the mask, so rejected tree entries can be dropped without losing the
-        entries a sliding cache would have evicted to make room for them. (Memory therefore
-        grows with the sequence on sliding layers too.)"""
-        return SlabCache(len(self.layer_types), capacity)
-
-    def compact_cache(self, cache, path: np.ndarray, tree_len: int) -> None:
-        """Keep the prefix, the root and the accepted nodes of the tree just verified. The tree
-        is the last `tree_len` entries of every layer; layers may hold prefixes of different
-        lengths (visual-token routing keeps fewer prompt tokens in deeper layers)."""
-        if isinstance(cache, SlabCache):
-            cache.keep(path, tree_len)
-            return
-        accepted = len(path)
-        if np.array_equal(path, np.arange(accepted)):
-            drop = tree_len - accepted
-            if drop:
-                cache.crop(-drop)
-            return
-        # Move the accepted entries (few) into place right after the root, then crop the rest.
-        idx, made_for = None, None
-        for layer in cache.layers:
-            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-                continue  # a layer without attention (MoE-only / MLP-only) keeps nothing
-            base = layer.keys.shape[-2] - tree_len
-            if made_for != (base, layer.keys.device):  # one index for every layer alike (the usual case)
-                idx = torch.as_tensor(base + path[1:], device=layer.keys.device)
-                made_for = (base, layer.keys.device)
-            dst = slice(base + 1, base + accepted)
-            layer.keys[..., dst, :] = layer.keys.index_select(-2, idx)
-            layer.values[..., dst, :] = layer.values.index_select(-2, idx)
-        cache.crop(-(tree_len - accepted))
-
-    # ---- one verification pass -------------------------------------------------------------
+    # ---- positions ---------------------------------------------------------------------------
     def before_prefill(self) -> None:
         """Clears per-request state the model keeps on itself (none for most families)."""
 
@@ -136,45 +125,18 @@ class ModelAdapter:
         family's offset (the decoder writes base + depth on the host)."""
         return cache_len + offset
 
-    def tree_positions(self, cache_len: int, depths: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Position ids [1, T] of the tree nodes as a tensor (probe and calibration passes)."""
-        return (depths + self.position_base(cache_len, offset)).unsqueeze(0)
-
-    def attention_mask(self, tree_mask: torch.Tensor, depths: torch.Tensor, past: int, dtype: torch.dtype):
-        """Additive 4D mask [1, 1, T, past + T]: every node sees the committed prefix and, within
-        the tree, its ancestors and itself (`tree_mask`, T x T bool); per layer type as
-        `per_layer_type` makes it."""
-        n = tree_mask.shape[0]
-        full = torch.zeros(1, 1, n, past + n, dtype=dtype, device=tree_mask.device)
-        full[0, 0, :, past:].masked_fill_(~tree_mask, masked_value(dtype))
-        return self.per_layer_type(full, depths, past, int(depths.max()))
-
-    def per_layer_type(self, full: torch.Tensor, depths: torch.Tensor, past: int, max_depth: int):
-        """The mask a tree pass takes, from its full-attention form `full`. Sliding-window
-        layers see only the last `window` positions of the path a node would have been
-        generated on, as one-token decoding would; models with both layer types get a mapping
-        per type. `max_depth` is the deepest node's depth, from the host (no device sync)."""
-        w = self.sliding_window
-        masks = {"full_attention": full}
-        if w is not None:
-            masks["sliding_attention"] = full
-            n = full.shape[-2]
-            q = depths.to(full.device) + past  # the index each node would have had
-            if past + max_depth - w >= 0:  # some node's window starts inside the sequence
-                cols = torch.arange(past + n, device=full.device)
-                key_index = torch.cat([cols[:past], q])
-                outside = key_index.unsqueeze(0) <= (q - w).unsqueeze(1)
-                masks["sliding_attention"] = full.masked_fill(outside[None, None], masked_value(full.dtype))
-        if len(self.mask_types) == 1:
-            return masks[self.mask_types[0]]
-        return {t: masks[t] for t in self.mask_types}
-
-    def forward(self, cache, tokens: torch.Tensor, mask, positions: torch.Tensor) -> torch.Tensor:
-        """Logits [T, V] of one tree pass over `tokens` [1, T] after the cached prefix."""
-        kw = {self.cache_keyword: cache, "use_cache": True}
-        return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits[0]
-
     # ---- visual-token routing ----------------------------------------------------------------
+    def attention_parts(self, layer: torch.nn.Module) -> AttentionParts:
+        """The attention parts of `layer` as Llama-shaped layers hold them (separate q/k
+        projections under `self_attn`, an `input_layernorm`); a family with fused
+        projections overrides this in its family file."""
+        attn = layer.self_attn
+        return AttentionParts(
+            norm=layer.input_layernorm, query=attn.q_proj, key=attn.k_proj, head_dim=int(attn.head_dim),
+            scaling=float(attn.scaling), query_features=int(attn.q_proj.out_features),
+            key_features=int(attn.k_proj.out_features), hidden=int(attn.k_proj.in_features),
+            q_norm=getattr(attn, "q_norm", None), k_norm=getattr(attn, "k_norm", None))
+
     def visual_grid(self, n: int, model_inputs: dict) -> torch.Tensor:
         """(image, row, col) [n, 3] of every visual token on its patch grid: one square grid
         (LLaVA), else positions along the sequence (e.g. LLaVA-NeXT's tiles with row breaks)."""

@@ -10,21 +10,6 @@ import torch
 
 from recap.adapters.base import ATTENTION_TYPES, layer_types, text_config
 
-# Families whose layers keep a recurrent, state-space or convolution state: a tree pass would
-# fold every branch into one state, and a rejected draft cannot be rolled back out of it.
-RECURRENT = {
-    "mamba": "Mamba state-space layers", "mamba2": "Mamba-2 state-space layers",
-    "falcon_mamba": "Mamba state-space layers", "jamba": "Mamba state-space layers (Jamba hybrid)",
-    "falcon_h1": "Mamba-2 state-space layers (Falcon-H1 hybrid)", "bamba": "Mamba-2 state-space layers",
-    "zamba": "Mamba state-space layers", "zamba2": "Mamba-2 state-space layers",
-    "granitemoehybrid": "Mamba-2 state-space layers", "nemotron_h": "Mamba-2 state-space layers",
-    "plamo2": "Mamba state-space layers", "rwkv": "RWKV recurrent layers", "xlstm": "xLSTM recurrent layers",
-    "recurrent_gemma": "RG-LRU recurrent layers", "lfm2": "short convolution layers (LFM2)",
-    "lfm2_moe": "short convolution layers (LFM2)", "lfm2_vl": "short convolution layers (LFM2)",
-    "qwen3_next": "Gated DeltaNet linear-attention layers", "qwen3_5": "Gated DeltaNet linear-attention layers",
-    "qwen3_5_moe": "Gated DeltaNet linear-attention layers", "minimax": "lightning (linear) attention layers",
-    "kimi_linear": "linear-attention layers",
-}
 WHY_STATE = ("their state cannot be rolled back to the accepted path of a draft tree, nor can it see "
              "a tree attention mask")
 
@@ -46,10 +31,13 @@ def check_structure(model: torch.nn.Module) -> None:
         raise UnsupportedModelError(
             f"{name} is an encoder-decoder model; recap.Decoder verifies draft trees in decoder-only models")
     tcfg = text_config(model)
-    for model_type in {getattr(cfg, "model_type", None), getattr(tcfg, "model_type", None)}:
-        if model_type in RECURRENT:
-            raise UnsupportedModelError(
-                f"{name} (model_type {model_type!r}) has {RECURRENT[model_type]}: {WHY_STATE}")
+    from recap.adapters.registry import known_families  # family files may refuse their model types
+
+    for model_type in (getattr(cfg, "model_type", None), getattr(tcfg, "model_type", None)):
+        for family in known_families():
+            reason = family.refusal(model_type) if model_type in family.model_types else None
+            if reason is not None:
+                raise UnsupportedModelError(f"{name} (model_type {model_type!r}) {reason}")
     types = layer_types(tcfg)
     other = sorted({t for t in types if t not in ATTENTION_TYPES and t != "dummy"})
     if "chunked_attention" in other:

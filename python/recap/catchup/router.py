@@ -109,6 +109,8 @@ class Router:
         self.lm = adapter.language_model
         self.layers = list(self.lm.layers)
         self.num_layers = len(self.layers)
+        self.parts = [adapter.attention_parts(layer) for layer in self.layers]  # the model's facts
+        self.rotary = adapter.rotary_keyword
         self.routing = config.routing_layers(self.num_layers)
         self.stage_of = {layer: s for s, layer in enumerate(self.routing)}
         self.image_token = int(adapter.image_token_id)
@@ -207,7 +209,7 @@ class Router:
     def _compact(self, r: _Request, kwargs: dict) -> dict:
         """The layer's keyword inputs restricted to the stage's active positions (memoised:
         every layer of a segment gets the same mask and rotary tables)."""
-        mask, pe, pid = kwargs.get("attention_mask"), kwargs.get("position_embeddings"), kwargs.get("position_ids")
+        mask, pe, pid = kwargs.get("attention_mask"), kwargs.get(self.rotary), kwargs.get("position_ids")
         key = (r.stage, id(mask), id(pe), id(pid))
         if r._memo is not None and r._memo[0] == key:
             return {**kwargs, **r._memo[1]}
@@ -221,7 +223,7 @@ class Router:
                 mask = mask.index_select(-2, k)
             out["attention_mask"] = mask
         if pe is not None:
-            out["position_embeddings"] = tuple(t.index_select(-2, keep.to(t.device)) for t in pe)
+            out[self.rotary] = tuple(t.index_select(-2, keep.to(t.device)) for t in pe)
         if isinstance(pid, torch.Tensor) and pid.shape[-1] == length:
             out["position_ids"] = pid.index_select(-1, keep.to(pid.device))
         r._memo = (key, out)
@@ -234,14 +236,14 @@ class Router:
         else:
             r.full[:, r.keep] = h
         states = r.full[0]
-        cos, sin = kwargs["position_embeddings"]
+        cos, sin = kwargs[self.rotary]
         vis = r.vis
         k = r.ks[s]
         if self.frozen is not None:
             chosen = torch.as_tensor(self.frozen[s], dtype=torch.long, device=vis.device)
         else:
             with torch.no_grad():
-                score = last_token_attention(self.layers[layer_idx], states, cos[0], sin[0], r.last)[vis]
+                score = last_token_attention(self.parts[layer_idx], states, cos[0], sin[0], r.last)[vis]
             if self.config.monotonic:
                 score = score.masked_fill(~r.selected, float("-inf"))
                 k = min(k, int(r.selected.sum()))
@@ -312,17 +314,16 @@ class Router:
         elem = torch.empty(0, dtype=dtype).element_size()
         kv_bytes = kv_dense = 0
         flops = dense = 0.0
-        for layer, a in zip(self.layers, active, strict=True):
-            attn = layer.self_attn
-            kv_row = 2 * attn.k_proj.out_features * elem
+        for layer, parts, a in zip(self.layers, self.parts, active, strict=True):
+            kv_row = 2 * parts.key_features * elem
             kv_bytes += (text + a) * kv_row
             kv_dense += length * kv_row
-            flops += _layer_flops(layer, text + a)
-            dense += _layer_flops(layer, length)
+            flops += _layer_flops(layer, parts, text + a)
+            dense += _layer_flops(layer, parts, length)
         if r is not None:  # scoring: one key projection over every token per routing layer
             for layer_idx in self.routing:
-                attn = self.layers[layer_idx].self_attn
-                flops += 2.0 * length * attn.k_proj.in_features * attn.k_proj.out_features
+                parts = self.parts[layer_idx]
+                flops += 2.0 * length * parts.hidden * parts.key_features
         return RoutingStats(
             mode=self.config.mode, routed=r is not None, visual_tokens=visual, text_tokens=text,
             routing_layers=list(self.routing) if r is not None else [],
@@ -333,10 +334,9 @@ class Router:
             prefill_flops=flops, prefill_flops_dense=dense)
 
 
-def _layer_flops(layer: torch.nn.Module, n: int) -> float:
+def _layer_flops(layer: torch.nn.Module, parts, n: int) -> float:
     """Multiply-adds x 2 of one decoder layer over n causal tokens: its linear maps plus
     the score and value products of causal attention."""
     linear = sum(m.weight.numel() for m in layer.modules() if isinstance(m, torch.nn.Linear))
-    attn = layer.self_attn
-    width = attn.q_proj.out_features
+    width = parts.query_features
     return 2.0 * n * linear + 2.0 * 2.0 * width * n * (n + 1) / 2

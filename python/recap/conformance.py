@@ -1,5 +1,6 @@
 """The conformance probe: on first use of a model, one small draft tree is verified in a
-single pass and compared with the same tokens fed one at a time through the model's own
+single pass (`recap.tree_pass.TreePass`, the pass decoding runs) and compared with the
+same tokens fed one at a time through the model's own
 cache (what `generate` does), and the cache is compacted to a side branch and decoded one
 more token. A model that ignores the tree mask, the explicit positions or the compaction
 is refused with the reason, instead of decoding wrong text.
@@ -17,6 +18,7 @@ import torch
 from recap.adapters.base import ModelAdapter
 from recap.adapters.capability import UnsupportedModelError
 from recap.model_state import state_of
+from recap.tree_pass import TreePass
 
 PARENTS = [-1, 0, 1, 2, 0, 4]
 DEPTHS = [0, 1, 2, 3, 1, 2]
@@ -26,15 +28,6 @@ KEEP = np.array([0, 4, 5])  # r, d, e
 # from one-token passes (other matrix shapes), more so in reduced precision; some float64
 # models still take a float32 softmax (Gemma 2), hence 1e-6 there.
 TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 2e-2}
-
-
-def _tree_mask() -> torch.Tensor:
-    n = len(PARENTS)
-    m = torch.eye(n, dtype=torch.bool)
-    for i, p in enumerate(PARENTS):
-        if p >= 0:
-            m[i] |= m[p]
-    return m
 
 
 def _tokens(adapter: ModelAdapter, n: int) -> list[int]:
@@ -62,12 +55,10 @@ def _one_at_a_time(adapter: ModelAdapter, context: list[int], tail: list[int], d
     return torch.stack(rows).double()
 
 
-def _tree_pass(adapter: ModelAdapter, cache, past: int, tokens: list[int], shift: int = 0) -> torch.Tensor:
-    device = adapter.lm_head.weight.device
-    depths = torch.tensor(DEPTHS, device=device)
-    mask = adapter.attention_mask(_tree_mask().to(device), depths, past, adapter.dtype)
-    positions = adapter.tree_positions(past, depths) + shift
-    return adapter.forward(cache, torch.tensor([tokens], device=device), mask, positions).double()
+def _tree_pass(tp: TreePass, tokens: list[int], shift: int = 0) -> torch.Tensor:
+    n, deepest = tp.load_tree(tokens, PARENTS)
+    tp.bufs.positions[:n] += shift
+    return tp.verify(n, deepest).double()
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -102,18 +93,18 @@ def probe(adapter: ModelAdapter) -> None:
     want = torch.cat([_one_at_a_time(adapter, context, path_a, device), along_d[1:3]])  # preorder
     want_f = along_d[3:]
     adapter.before_prefill()
-    cache = adapter.new_cache()
-    kw = {adapter.cache_keyword: cache, "use_cache": True}
+    tp = TreePass(adapter, max_nodes=len(tree), capacity=n_ctx + 2 * len(tree))
     try:
-        model(input_ids=torch.tensor([context], device=device), **kw)
-        got = _tree_pass(adapter, cache, n_ctx, tree)
+        tp.prefill(torch.tensor([context], device=device), None, {}, seed_rows=False)
+        got = _tree_pass(tp, tree)
     except Exception as e:  # noqa: BLE001 - any failure here means the model cannot take a tree pass
         raise UnsupportedModelError(
             f"{name}: a draft-tree verification pass (4D additive mask, explicit position ids) failed: "
             f"{type(e).__name__}: {e}") from e
     dt = adapter.dtype
     if not _close(got, want, dt):
-        shifted = _tree_pass(adapter, _recrop(cache, len(tree)), n_ctx, tree, shift=7)
+        tp.discard(len(tree))
+        shifted = _tree_pass(tp, tree, shift=7)
         if torch.equal(shifted, got):
             raise UnsupportedModelError(
                 f"{name} ignores explicit position ids: a tree pass gave the same logits at shifted positions")
@@ -126,12 +117,8 @@ def probe(adapter: ModelAdapter) -> None:
             f"{name}: a draft-tree pass does not reproduce one-token decoding (max logit difference {diff:.3g} "
             f"in {dt}); its attention may not honour a 4D additive mask")
     try:
-        adapter.compact_cache(cache, KEEP, len(tree))
-        depths = torch.zeros(1, dtype=torch.long, device=device)
-        past = n_ctx + len(KEEP)
-        mask = adapter.attention_mask(torch.ones(1, 1, dtype=torch.bool, device=device), depths, past, dt)
-        got_f = adapter.forward(cache, torch.tensor([[f]], device=device), mask,
-                                adapter.tree_positions(past, depths)).double()
+        tp.compact(KEEP, len(tree))
+        got_f = tp.verify(*tp.load_chain([f])).double()
     except Exception as e:  # noqa: BLE001
         raise UnsupportedModelError(
             f"{name}: its KV cache cannot be compacted to the accepted path (crop and gather): "
@@ -141,8 +128,3 @@ def probe(adapter: ModelAdapter) -> None:
             f"{name}: after compacting its KV cache to the accepted path, decoding differs from one-token "
             "decoding (the cache is not croppable per token)")
     state.conformance = key
-
-
-def _recrop(cache, n: int):
-    cache.crop(-n)
-    return cache
