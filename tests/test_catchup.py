@@ -297,6 +297,43 @@ def test_routing_reads_attention_only_through_the_adapter():
 
 
 # ---- composition with RECAP -------------------------------------------------------------------
+ROUTED_FAMILIES = {
+    "qwen2-vl": lambda i: qwen_vl_inputs([5 + i], [7, 8, 9, 7, 8, 9][: 3 + i % 4], layers=8, side=224,
+                                         family="qwen2_vl"),
+    "qwen2.5-vl": lambda i: qwen25_vl_inputs([5 + i], [7, 8, 9, 7, 8, 9][: 3 + i % 4], layers=8, side=224),
+    "llava": lambda i: llava_inputs([5 + i], [7, 8, 9, 7, 8, 9][: 3 + i % 4], layers=8, image_size=112),
+    "llava-next": lambda i: llava_next_inputs([5 + i], [7, 8, 9, 7, 8, 9][: 3 + i % 4], layers=8),
+}
+
+
+@pytest.mark.parametrize("family", list(ROUTED_FAMILIES))
+def test_decoder_equals_the_routed_models_own_generate(family):
+    """On a routed model, recap.Decoder (one-token decoding and RECAP) gives what the routed
+    model's own `generate` gives, prompt by prompt. (`generate` encodes the images before
+    calling the model, so routing must find the patch grid without `image_grid_thw`.)"""
+    for i in range(5):
+        model, inputs = ROUTED_FAMILIES[family](i)
+        with catchup.routed(model, budget=16):
+            want = model.generate(**inputs, do_sample=False, max_new_tokens=24, eos_token_id=None, pad_token_id=0)
+            for drafter in ("ar", "recap"):
+                got = recap.Decoder(model, RecapConfig(budget=12), drafter=drafter).generate(
+                    **inputs, max_new_tokens=24, eos_token_id=None)
+                assert torch.equal(got, want), (family, i, drafter)
+
+
+def test_qwen_patch_grid_from_positions_equals_the_grid_from_image_sizes():
+    model, inputs = qwen_case()
+    adapter = adapter_for(model)
+    ids = inputs["input_ids"]
+    vis = (ids[0] == adapter.image_token_id).nonzero().squeeze(1)
+    pos, _ = model.model.get_rope_index(ids, inputs["mm_token_type_ids"], inputs["image_grid_thw"],
+                                        attention_mask=inputs["attention_mask"])
+    from_sizes = adapter.visual_grid(vis.numel(), {"image_grid_thw": inputs["image_grid_thw"]}, vis)
+    from_positions = adapter.visual_grid(vis.numel(), {"position_ids": pos}, vis)
+    assert torch.equal(from_sizes, from_positions)
+    assert int(from_sizes[:, 1].max()) > 0 and int(from_sizes[:, 2].max()) > 0  # a real 2D grid, not a line
+
+
 @arch
 @pytest.mark.parametrize("budget", [4, "auto"])
 @pytest.mark.parametrize("mode", ["catchup", "fastv"])

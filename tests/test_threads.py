@@ -108,14 +108,12 @@ def test_routed_models_serve_threads_with_per_request_routing(build):
     model = make(0)[0]
     requests = [[make(i)[1]] for i in range(THREADS)]
     with catchup.routed(model, budget=16):
-        # Each request alone, one after another, then all at once on threads: the same tokens.
-        # (LLaVA's also equal generate's; routed Qwen2.5-VL can differ from generate on some
-        # prompts even one at a time, a known routing issue that threads do not cause.)
+        # Each request alone, one after another, equals the routed model's generate; then all
+        # at once on threads: the same tokens.
         alone = [recap.Decoder(model, RecapConfig(budget=12)).generate(**r[0], max_new_tokens=24,
                                                                        eos_token_id=None).tolist() for r in requests]
-        if build == "llava":
-            assert alone == [model.generate(**r[0], do_sample=False, max_new_tokens=24, eos_token_id=None,
-                                            pad_token_id=0).tolist() for r in requests]
+        assert alone == [model.generate(**r[0], do_sample=False, max_new_tokens=24, eos_token_id=None,
+                                        pad_token_id=0).tolist() for r in requests]
         results = run_threads(model, requests)
     for want, (outs, _) in zip(alone, results, strict=True):
         assert outs[0] == want

@@ -137,9 +137,11 @@ class ModelAdapter:
             key_features=int(attn.k_proj.out_features), hidden=int(attn.k_proj.in_features),
             q_norm=getattr(attn, "q_norm", None), k_norm=getattr(attn, "k_norm", None))
 
-    def visual_grid(self, n: int, model_inputs: dict) -> torch.Tensor:
+    def visual_grid(self, n: int, model_inputs: dict, visual_index: torch.Tensor | None = None) -> torch.Tensor:
         """(image, row, col) [n, 3] of every visual token on its patch grid: one square grid
-        (LLaVA), else positions along the sequence (e.g. LLaVA-NeXT's tiles with row breaks)."""
+        (LLaVA), else positions along the sequence (e.g. LLaVA-NeXT's tiles with row breaks).
+        `model_inputs` are the keywords of the model call; `visual_index` the visual tokens'
+        positions in the sequence."""
         side = math.isqrt(n)
         if side * side == n:
             r, c = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")

@@ -172,7 +172,7 @@ class Router:
             self.last_stats = self._stats(length, n, None)
             return None
         ks = self.config.stage_ks(n, self.num_layers, self.routing)
-        coords = self.adapter.visual_grid(n, kwargs).to(ids.device)
+        coords = self.adapter.visual_grid(n, kwargs, vis).to(ids.device)
         self._req = _Request(length, vis, coords, ks, self.num_layers)
         return None
 
