@@ -29,6 +29,7 @@ run_tests() {
   cargo clippy --workspace --all-targets -- -D warnings
   cargo test --workspace --exclude recap-py
   "$PY" -m ruff check python tests tools benches
+  "$PY" -m mypy
   set +e
   "$PY" -m pytest -q --durations=10 tests "$@"
   rc=$?

@@ -2,6 +2,7 @@
 
 import os
 from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -10,7 +11,7 @@ __version__: str
 
 IntArray = npt.NDArray[np.int64] | npt.NDArray[np.int32] | Sequence[int]
 
-def recap_defaults() -> dict[str, object]:
+def recap_defaults() -> dict[str, Any]:
     """Defaults and limits of every RECAP setting (the one source of truth)."""
 
 def check_recap_config(
@@ -102,7 +103,7 @@ class Session(_SingleStream):
     """One request on a shared drafter (`Drafter.session()`)."""
     def finish(self) -> None: ...
     def __enter__(self) -> Session: ...
-    def __exit__(self, *_exc: object) -> bool: ...
+    def __exit__(self, *_exc: object) -> Literal[False]: ...
 
 class Drafter(_SingleStream):
     """One drafter shared by every request; its single-stream methods use a default session."""

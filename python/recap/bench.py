@@ -107,7 +107,7 @@ class _ForwardCounter:
 
 
 class Bench:
-    def __init__(self, model: torch.nn.Module, encode: Encode, entries: list[Entry], *,
+    def __init__(self, model: Any, encode: Encode, entries: list[Entry], *,
                  budget: int | str = 32, max_new_tokens: int = 200, eos_token_id: int | None = None,
                  decode: Decode | None = None, sampling: dict | None = None, seed: int = 0) -> None:
         if not any(e.label == "ar" for e in entries):
@@ -136,6 +136,7 @@ class Bench:
                                **inputs)
             total = time.perf_counter() - t
             s = dec.last_stats
+            assert s is not None  # set by the generate call just made on this thread
             info = dict(steps=s.steps, prefill_s=s.prefill_s, tree_nodes=sum(s.tree_sizes),
                         phase_s=dict(s.phase_s), total_s=total, predicted_accepted=s.predicted_accepted,
                         observed_accepted=s.observed_accepted, cost=s.cost)
@@ -199,10 +200,10 @@ class Bench:
             bar(i + 1, p.id)
 
     # ---- reporting --------------------------------------------------------------------
-    def summary(self) -> dict[str, dict[str, dict[str, float]]]:
+    def summary(self) -> dict[str, dict[str, dict[str, Any]]]:
         """summary[set or "overall"][label] = figures."""
         sets = sorted({r.set for r in self.runs}) + ["overall"]
-        out: dict[str, dict[str, dict[str, float]]] = {}
+        out: dict[str, dict[str, dict[str, Any]]] = {}
         for s in sets:
             rows = [r for r in self.runs if s == "overall" or r.set == s]
             ar_time = sum(r.total_s for r in rows if r.label == "ar")

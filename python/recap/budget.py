@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,7 +68,7 @@ class ChainPasses:
     """Verification passes over random chains after a fixed random context of
     CALIBRATION_PAST tokens, run by the decoder's own tree pass (`TreePass.chain`)."""
 
-    def __init__(self, model: torch.nn.Module, new_pass, max_tokens: int = POINTS[-1]) -> None:
+    def __init__(self, model: Any, new_pass, max_tokens: int = POINTS[-1]) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         self.vocab = model.get_output_embeddings().weight.shape[0]

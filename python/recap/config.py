@@ -101,7 +101,7 @@ class RecapConfig:
             budget=self.tree_budget,
             max_depth=self.max_depth,
             eta=list(self.eta),
-            priors=tuple(self.priors),
+            priors=(float(self.priors[0]), float(self.priors[1]), float(self.priors[2])),
             fusion=self.fusion,
             suffix_len=self.suffix_tokens,
             suffix_adaptive=self.adaptive_suffix,

@@ -18,7 +18,7 @@ import torch
 
 from recap import drafters
 from recap import linear_layout as layouts
-from recap._core import PersistentMemory
+from recap._core import Calibration, PersistentMemory
 from recap.acceptance import NodePicks
 from recap.adapters import ModelAdapter, adapter_for
 from recap.budget import ChainPasses, CostModel, cost_model, model_key
@@ -94,7 +94,7 @@ class Decoder:
             raise ValueError(f"linear_layout: expected one of {', '.join(layouts.LAYOUTS)}; got {linear_layout!r}")
         self._linear_layout = linear_layout
         self._auto_budget = spec.adapts_budget and self.config.auto_budget
-        self._layout = None
+        self._layout: layouts.LinearLayout | None = None
         self._prepared = False
 
     def _prepare(self) -> None:
@@ -199,6 +199,7 @@ class Decoder:
         """Decodes one validated request (`recap.request`), in `memory_scope` of `pool` (the
         decoder's own pool by default) when a scope is given."""
         pool = pool if pool is not None else self.pool
+        scoped: contextlib.AbstractContextManager[tuple[PersistentMemory, Calibration] | None]
         if memory_scope is None:
             scoped = contextlib.nullcontext(None)
         elif pool is None:

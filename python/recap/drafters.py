@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from recap._core import Drafter, PersistentMemory
 from recap.config import RecapConfig
@@ -43,17 +44,19 @@ def _sam_tr(vocab, config, memory, excluded):
     return Drafter.sam(vocab, fallback_tr=True, k=config.k, excluded=list(excluded), memory=memory)
 
 
+_ABLATIONS: list[tuple[str, str, dict[str, Any]]] = [
+    ("unigram", "U only (Token Recycling's key)", {"fusion": "unigram"}),
+    ("backoff", "most specific row only", {"fusion": "backoff"}),
+    ("uniform", "equal fusion weights", {"fusion": "uniform"}),
+    ("prior", "priors without confidence", {"fusion": "prior"}),
+    ("nosuffix", "no suffix graft", {"suffix_len": 0}),
+    ("reset", "U reset per request", {"reset_memory": True}),
+]
+
 _SPECS = [
     DrafterSpec("recap", "RECAP: fused G/C/U memories, best-first tree, suffix graft", _recap(), True, True),
     *[DrafterSpec(f"recap_{name}", f"RECAP ablation: {summary}", _recap(**change), True, True)
-      for name, summary, change in [
-          ("unigram", "U only (Token Recycling's key)", {"fusion": "unigram"}),
-          ("backoff", "most specific row only", {"fusion": "backoff"}),
-          ("uniform", "equal fusion weights", {"fusion": "uniform"}),
-          ("prior", "priors without confidence", {"fusion": "prior"}),
-          ("nosuffix", "no suffix graft", {"suffix_len": 0}),
-          ("reset", "U reset per request", {"reset_memory": True}),
-      ]],
+      for name, summary, change in _ABLATIONS],
     DrafterSpec("ar", "plain greedy decoding through the same loop",
                 lambda vocab, config, memory, excluded: Drafter.ar(vocab), False),
     DrafterSpec("pld", "prompt lookup, transformers' settings (n <= 2, 10 tokens)",

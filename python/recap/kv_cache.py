@@ -49,6 +49,7 @@ class _Slab:
         if self.keys is None:
             self.keys = k.new_empty((self.n_layers, *k.shape[:-2], self.capacity, k.shape[-1]))
             self.values = v.new_empty((self.n_layers, *v.shape[:-2], self.capacity, v.shape[-1]))
+        assert self.keys is not None and self.values is not None
         fits = (layer.index < self.n_layers and k.dtype == self.keys.dtype and k.device == self.keys.device
                 and k.shape[:-2] == self.keys.shape[1:-2] and k.shape[-1] == self.keys.shape[-1]
                 and v.shape[:-2] == self.values.shape[1:-2] and v.shape[-1] == self.values.shape[-1])
@@ -98,8 +99,9 @@ class SlabLayer(DynamicLayer):
         self.slab.attach(self, key_states, value_states)
 
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.own_keys is not None:
+        if self.own_keys is not None and self.own_values is not None:
             return self.own_keys, self.own_values
+        assert self.slab.keys is not None and self.slab.values is not None, "buffers before the first write"
         return self.slab.keys[self.index], self.slab.values[self.index]
 
     @property
@@ -114,12 +116,12 @@ class SlabLayer(DynamicLayer):
     def length(self, value: int) -> None:
         self.slab.lengths[self.index] = value
 
-    @property
-    def keys(self) -> torch.Tensor | None:
+    @property  # a view of the slab, not a stored tensor
+    def keys(self) -> torch.Tensor | None:  # type: ignore[override]
         return self.buffers()[0][..., : self.length, :] if self.is_initialized else None
 
     @property
-    def values(self) -> torch.Tensor | None:
+    def values(self) -> torch.Tensor | None:  # type: ignore[override]
         return self.buffers()[1][..., : self.length, :] if self.is_initialized else None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -165,7 +167,7 @@ class SlabCache(DynamicCache):
         # step's download has completed the previous upload before the next write).
         pin = device is not None and torch.device(device).type == "cuda"
         self._index = torch.zeros(max(index_slots, 1), dtype=torch.int64, pin_memory=pin)
-        self.layer_class_to_replicate = lambda: SlabLayer(self.slab, len(self.layers))
+        self.layer_class_to_replicate = lambda: SlabLayer(self.slab, len(self.layers))  # type: ignore[assignment]
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drops the last `-tokens_to_remove` entries of every layer (one array operation)."""
@@ -182,11 +184,12 @@ class SlabCache(DynamicCache):
         if int(path[-1]) != accepted - 1:  # not a prefix of the packed tree: move entries
             slab = self.slab
             held = slab.lengths[slab.attached]
-            if slab.all_shared and held.size and held.min() == held.max():
+            if slab.all_shared and held.size and held.min() == held.max() and slab.keys is not None \
+                    and slab.values is not None:
                 self._move(slab.keys, slab.values, int(held[0]) - tree_len, path)  # every layer alike: one gather
             else:
                 for layer in self.layers:
-                    if layer.is_initialized and layer.length > 0:
+                    if isinstance(layer, SlabLayer) and layer.is_initialized and layer.length > 0:
                         k, v = layer.buffers()
                         self._move(k, v, layer.length - tree_len, path)
         self.crop(-(tree_len - accepted))

@@ -87,7 +87,8 @@ class LinearLayout:
     cannot take them away."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.modules = [m for m in model.modules() if _patchable(m)]
+        self.modules: list[torch.nn.Linear] = [m for m in model.modules()
+                                               if isinstance(m, torch.nn.Linear) and _patchable(m)]
         self._copies: list[torch.Tensor] = []
         self._versions: list[int] = []
         self._depth = 0
@@ -124,7 +125,7 @@ class LinearLayout:
                 self._refresh()
                 for m, wt in zip(self.modules, self._copies, strict=True):
                     if _patchable(m):  # hooks added since are left alone
-                        m.forward = _TransposedForward(m, wt, self)
+                        m.forward = _TransposedForward(m, wt, self)  # type: ignore[method-assign,assignment]
             self._depth += 1
             me = threading.get_ident()
             self._threads[me] = self._threads.get(me, 0) + 1
@@ -172,7 +173,7 @@ def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayo
         return candidate
     if next(model.parameters()).device.type != "cpu" or not candidate.modules:
         return None
-    copy = sum(m.weight.numel() * m.weight.element_size() for m in candidate.modules)
+    copy = sum(int(m.weight.numel()) * int(m.weight.element_size()) for m in candidate.modules)
     if copy > MEMORY_SHARE * available_memory():
         return None  # the copy would crowd out the rest of the machine: not worth a faster pass
     decisions = state_of(model).layout_choice

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # only for the field types: the holder imports nothing at run time
+    from recap.budget import CostModel
+    from recap.catchup.router import Router
+    from recap.decoder import Decoder
+    from recap.linear_layout import LinearLayout
 
 _ATTR = "_recap_state"
 _CREATE = threading.Lock()
@@ -20,12 +26,12 @@ _CREATE = threading.Lock()
 
 class ModelState:
     def __init__(self) -> None:
-        self.decoders: dict[tuple, Any] = {}  # (drafter name, RecapConfig) -> the Decoder recap.generate uses
-        self.router: Any = None
+        self.decoders: dict[tuple, Decoder] = {}  # (drafter name, RecapConfig) -> the Decoder recap.generate uses
+        self.router: Router | None = None
         self.prefill_lock = threading.Lock()
-        self.layout: Any = None  # recap.linear_layout.LinearLayout
+        self.layout: LinearLayout | None = None
         self.layout_choice: dict[tuple, bool] = {}  # (device, dtype, threads) -> transposed is faster
-        self.cost_curves: dict[tuple, Any] = {}  # (device, dtype, threads, layout) -> budget.CostModel
+        self.cost_curves: dict[tuple, CostModel] = {}  # (device, dtype, threads, layout)
         self.conformance: tuple | None = None  # (dtype, device) the probe passed in
 
     def __deepcopy__(self, memo) -> ModelState:

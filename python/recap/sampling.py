@@ -80,4 +80,5 @@ class TokenChooser:
         if self.processors is not None:
             ids = torch.tensor([history], dtype=torch.long, device=logits.device)
             scores = self.processors(ids, scores)
-        return int(pick_rows(scores, self.do_sample, uniform(self.seed, t) if self.do_sample else 0.0)[0])
+        u = uniform(self.seed, t) if self.do_sample and self.seed is not None else 0.0
+        return int(pick_rows(scores, self.do_sample, u)[0])

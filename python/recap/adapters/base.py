@@ -12,6 +12,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ ATTENTION_TYPES = ("full_attention", "sliding_attention")
 PLACEHOLDER_ATTRS = ("image_token_id", "video_token_id", "image_token_index", "video_token_index")
 
 
-def text_config(model: torch.nn.Module):
+def text_config(model: Any) -> Any:
     cfg = model.config
     return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
 
@@ -66,10 +67,11 @@ class ModelAdapter:
         file refuses its model types by overriding this."""
         return None
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
+    def __init__(self, model: Any) -> None:
+        # A transformers model, read by duck typing (its submodules are not typed).
+        self.model: Any = model
         self.text_config = text_config(model)
-        self.lm_head = model.get_output_embeddings()
+        self.lm_head: Any = model.get_output_embeddings()
         self.vocab_size = int(self.lm_head.weight.shape[0])
         self.excluded = self._placeholders()
         self.layer_types = layer_types(self.text_config)
@@ -77,13 +79,13 @@ class ModelAdapter:
         self.sliding_window: int | None = (int(window) if window and "sliding_attention" in self.layer_types
                                            else None)
         self.mask_types = sorted({t for t in self.layer_types if t in ATTENTION_TYPES})
-        self.language_model = self._language_model()
+        self.language_model: Any = self._language_model()
         self.final_norm: torch.nn.Module | None = getattr(self.language_model, "norm", None)
         params = inspect.signature(model.forward).parameters
         self.cache_keyword = "cache" if "cache" in params else "past_key_values"
 
     # ---- model structure ------------------------------------------------------------------
-    def _language_model(self) -> torch.nn.Module:
+    def _language_model(self) -> Any:
         inner = model.get_decoder() if hasattr(model := self.model, "get_decoder") else model.model
         return getattr(inner, "language_model", inner)
 
@@ -126,7 +128,7 @@ class ModelAdapter:
         return cache_len + offset
 
     # ---- visual-token routing ----------------------------------------------------------------
-    def attention_parts(self, layer: torch.nn.Module) -> AttentionParts:
+    def attention_parts(self, layer: Any) -> AttentionParts:
         """The attention parts of `layer` as Llama-shaped layers hold them (separate q/k
         projections under `self_attn`, an `input_layernorm`); a family with fused
         projections overrides this in its family file."""

@@ -6,7 +6,7 @@ the structural part is checked here, up front, with the reason named."""
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
 from recap.adapters.base import ATTENTION_TYPES, layer_types, text_config
 
@@ -18,7 +18,7 @@ class UnsupportedModelError(TypeError):
     """The model cannot be verified with draft trees; the message says why."""
 
 
-def check_structure(model: torch.nn.Module) -> None:
+def check_structure(model: Any) -> None:
     """Raises `UnsupportedModelError` naming the reason when `model` cannot be tree-verified."""
     name = type(model).__name__
     cfg = getattr(model, "config", None)
@@ -46,7 +46,7 @@ def check_structure(model: torch.nn.Module) -> None:
             "sliding-window attention layers only")
     if other:
         raise UnsupportedModelError(f"{name} has {', '.join(other)} layers: {WHY_STATE}")
-    if getattr(tcfg, "kv_sharing_modes", None) is not None or getattr(tcfg, "num_kv_shared_layers", 0):
+    if getattr(tcfg, "kv_sharing_modes", None) is not None or getattr(tcfg, "num_kv_shared_layers", None):
         raise UnsupportedModelError(
             f"{name} shares key/value caches between layers; recap.Decoder needs one cache per attention layer")
     if not any(t in ATTENTION_TYPES for t in types):

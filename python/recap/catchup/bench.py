@@ -34,7 +34,7 @@ def tiny_llava(layers: int = 32, hidden: int = 256, seed: int = 0):
                               image_size=TINY_IMAGE, patch_size=14)
     text = LlamaConfig(vocab_size=1024, hidden_size=hidden, intermediate_size=hidden * 8 // 3, num_hidden_layers=layers,
                        num_attention_heads=hidden // 32, num_key_value_heads=hidden // 32, max_position_embeddings=4096)
-    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=1000, vision_feature_layer=-1)
+    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_index=1000, vision_feature_layer=-1)
     return LlavaForConditionalGeneration(cfg).eval()
 
 

@@ -50,7 +50,7 @@ class CatchUpConfig:
             object.__setattr__(self, "stage_budgets", tuple(self.stage_budgets))
             if not self.stage_budgets or any(not _is_int(k) or k < 1 for k in self.stage_budgets):
                 raise ValueError(f"stage_budgets: expected positive integers; got {self.stage_budgets!r}")
-        elif self.mode != "dense" and (not _is_int(self.budget) or self.budget < 1):
+        elif self.mode != "dense" and (self.budget is None or not _is_int(self.budget) or self.budget < 1):
             raise ValueError(f"budget: expected a positive integer (average visual tokens per layer); "
                              f"got {self.budget!r}")
         if self.layers is not None:
@@ -102,12 +102,16 @@ class CatchUpConfig:
                 raise ValueError(f"stage_budgets: a stage keeps at most the {visual} visual tokens of this "
                                  f"prompt; got {ks}")
             return ks
-        if self.budget > visual:
+        budget = self.budget
+        if budget is None:
+            raise ValueError("budget: expected a positive integer (average visual tokens per layer) or "
+                             "stage_budgets; got neither")
+        if budget > visual:
             raise ValueError(f"budget: this prompt has {visual} visual tokens; got an average budget of "
-                             f"{self.budget} per layer (use at most {visual}, or mode='dense')")
+                             f"{budget} per layer (use at most {visual}, or mode='dense')")
         ends = list(layers[1:]) + [num_layers]
         lengths = [e - s for s, e in zip(layers, ends, strict=True)]
-        routed = self.budget * num_layers - layers[0] * visual  # token-layers left for the stages
+        routed = budget * num_layers - layers[0] * visual  # token-layers left for the stages
         if self.mode == "pyramiddrop":
             weights = [PYRAMID_RATIO ** i for i in range(len(layers))]
         else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -113,6 +114,8 @@ class Router:
         self.rotary = adapter.rotary_keyword
         self.routing = config.routing_layers(self.num_layers)
         self.stage_of = {layer: s for s, layer in enumerate(self.routing)}
+        if adapter.image_token_id is None:
+            raise TypeError(f"recap.catchup: {type(model).__name__} names no image token id in its config")
         self.image_token = int(adapter.image_token_id)
         self.frozen: list[list[int]] | None = None
         self.last_stats = None
@@ -214,7 +217,8 @@ class Router:
         if r._memo is not None and r._memo[0] == key:
             return {**kwargs, **r._memo[1]}
         keep, length = r.keep, r.length
-        out = {}
+        assert keep is not None, "compacting before the first routing layer"
+        out: dict[str, Any] = {}
         if isinstance(mask, torch.Tensor):
             k = keep.to(mask.device)
             if mask.shape[-1] == length:

@@ -28,8 +28,8 @@ class QwenVL(ModelAdapter):
         from the multimodal position ids (`model.generate` encodes images first and calls the
         model with position ids and encoder outputs only), whose height and width rows are
         each image's row and column offsets."""
-        coords = self._grid_from_thw(model_inputs.get("image_grid_thw"))
-        if coords.shape[0] != n:
+        coords: torch.Tensor | None = self._grid_from_thw(model_inputs.get("image_grid_thw"))
+        if coords is None or coords.shape[0] != n:
             coords = self._grid_from_positions(model_inputs.get("position_ids"), visual_index)
         return coords if coords is not None and coords.shape[0] == n else super().visual_grid(n, model_inputs)
 
