@@ -3,8 +3,8 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use recap_benches::{Simulator, VOCAB};
-use recap_core::fusion::Proposal;
-use recap_core::suffix::SuffixAutomaton;
+use recap_core::Proposal;
+use recap_core::SuffixAutomaton;
 use recap_core::{RecapConfig, RecapDrafter, SharedMemory};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -121,7 +121,7 @@ fn bench_peers(c: &mut Criterion) {
         Autoregressive, PromptLookup, SamDrafter, SuffixTreeConfig, SuffixTreeDrafter,
         TokenRecycling, TR_LEVELS,
     };
-    use recap_core::token_set::TokenSet;
+    use recap_core::TokenSet;
     let none = || TokenSet::new(VOCAB);
     let mem = || SharedMemory::new(VOCAB, 8, SharedMemory::DEFAULT_CAPACITY).unwrap();
     type Make = Box<dyn Fn(SharedMemory) -> Box<dyn recap_core::Drafter>>;

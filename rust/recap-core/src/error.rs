@@ -27,6 +27,14 @@ pub enum Error {
         expected: String,
         got: String,
     },
+    /// An argument of the wrong kind altogether (a list where an array was expected, an
+    /// array of the wrong dtype): Python's TypeError.
+    #[error("{name}: expected {expected}, got {got}")]
+    WrongType {
+        name: &'static str,
+        expected: String,
+        got: String,
+    },
     /// A call made in the wrong order (e.g. observe before propose).
     #[error("{0}")]
     InvalidState(String),
@@ -50,15 +58,27 @@ pub fn check_tokens(name: &'static str, ids: &[u32], vocab_size: usize) -> Resul
 }
 
 impl Error {
-    pub(crate) fn invalid(
-        name: &'static str,
-        expected: impl Into<String>,
-        got: impl ToString,
-    ) -> Self {
+    pub fn invalid(name: &'static str, expected: impl Into<String>, got: impl ToString) -> Self {
         Error::InvalidArgument {
             name,
             expected: expected.into(),
             got: got.to_string(),
+        }
+    }
+
+    pub fn wrong_type(name: &'static str, expected: impl Into<String>, got: impl ToString) -> Self {
+        Error::WrongType {
+            name,
+            expected: expected.into(),
+            got: got.to_string(),
+        }
+    }
+
+    pub fn shape(name: &'static str, expected: impl Into<String>, got: impl Into<String>) -> Self {
+        Error::ShapeMismatch {
+            name,
+            expected: expected.into(),
+            got: got.into(),
         }
     }
 }

@@ -12,33 +12,46 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
-pub mod accept;
-pub mod budget;
-pub mod calibration;
-pub mod cost;
-pub mod drafter;
-pub mod engine;
-pub mod error;
-pub mod fusion;
-pub mod memory;
+// The modules are the crate's own; what other crates (the Python bindings, the benches) use
+// is the curated list below.
+mod accept;
+mod budget;
+mod calibration;
+mod cost;
+mod drafter;
+mod engine;
+mod error;
+mod fusion;
+mod memory;
 pub mod peers;
-pub mod recap;
-pub mod search;
-pub mod session;
-pub mod shared_memory;
-pub mod snapshot;
-pub mod suffix;
-pub mod token_set;
-pub mod tree;
+mod recap;
+mod search;
+mod session;
+mod shared_memory;
+mod snapshot;
+mod suffix;
+mod token_set;
+mod tree;
 
 pub use accept::{accept_path, Acceptance};
-pub use calibration::Calibration;
+pub use budget::{AutoBudget, Selection};
+pub use calibration::{BudgetState, Calibration};
+pub use cost::CostCurve;
 pub use drafter::{Drafter, TopKRows};
 pub use engine::{DraftSource, SharedDrafter};
-pub use error::{Error, Result};
-pub use fusion::{FusionMode, Priors};
+pub use error::{check_tokens, Error, Result};
+pub use fusion::{FusionMode, Priors, Proposal};
+pub use memory::{UnigramTable, MAX_VOCAB};
 pub use recap::{RecapConfig, RecapDrafter};
-pub use search::SearchParams;
+pub use search::{SearchParams, DEFAULT_ETA};
 pub use session::DraftSession;
-pub use shared_memory::SharedMemory;
+pub use shared_memory::{SharedMemory, MAX_K};
+pub use snapshot::{Expect as SnapshotExpect, Header as SnapshotHeader};
+pub use suffix::SuffixAutomaton;
+pub use token_set::TokenSet;
 pub use tree::{DraftTree, NodeSource};
+
+/// The header of a memory snapshot file (checked, without reading the rows into a table).
+pub fn snapshot_header(path: &std::path::Path) -> Result<SnapshotHeader> {
+    snapshot::header(&snapshot::read(path)?)
+}

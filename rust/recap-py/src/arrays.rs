@@ -2,10 +2,12 @@
 //! messages that name the argument, the expected dtype/shape and what was given.
 
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use recap_core::Error;
+
+use crate::errors::to_py;
 use pyo3::prelude::*;
 
-fn describe(obj: &Bound<'_, PyAny>) -> String {
+pub fn describe(obj: &Bound<'_, PyAny>) -> String {
     match (obj.getattr("dtype"), obj.getattr("shape")) {
         (Ok(d), Ok(s)) => format!("an array of dtype {} and shape {}", d, s),
         _ => format!(
@@ -18,11 +20,13 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
     }
 }
 
-fn to_ids(name: &str, vals: impl Iterator<Item = i64>) -> PyResult<Vec<u32>> {
+fn to_ids(name: &'static str, vals: impl Iterator<Item = i64>) -> PyResult<Vec<u32>> {
     vals.map(|v| {
         u32::try_from(v).map_err(|_| {
-            PyValueError::new_err(format!(
-                "{name}: token ids must be >= 0 and < 2**32, got {v}"
+            to_py(Error::invalid(
+                name,
+                "token ids that must be >= 0 and < 2**32",
+                v,
             ))
         })
     })
@@ -30,7 +34,7 @@ fn to_ids(name: &str, vals: impl Iterator<Item = i64>) -> PyResult<Vec<u32>> {
 }
 
 /// A 1-D integer array (int64, int32, uint32) or a sequence of ints.
-pub fn ids_1d(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+pub fn ids_1d(name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, i64>>() {
         return to_ids(name, a.as_array().iter().copied());
     }
@@ -41,22 +45,24 @@ pub fn ids_1d(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         return Ok(a.as_array().iter().copied().collect());
     }
     if obj.hasattr("dtype")? {
-        return Err(PyTypeError::new_err(format!(
-            "{name}: expected a 1-D integer array (int64, int32 or uint32), got {}",
-            describe(obj)
+        return Err(to_py(Error::wrong_type(
+            name,
+            "a 1-D integer array (int64, int32 or uint32)",
+            describe(obj),
         )));
     }
     match obj.extract::<Vec<i64>>() {
         Ok(v) => to_ids(name, v.into_iter()),
-        Err(_) => Err(PyTypeError::new_err(format!(
-            "{name}: expected a 1-D integer array or a sequence of ints, got {}",
-            describe(obj)
+        Err(_) => Err(to_py(Error::wrong_type(
+            name,
+            "a 1-D integer array or a sequence of ints",
+            describe(obj),
         ))),
     }
 }
 
 /// A 2-D integer array [rows, k]; returns the flat row-major ids and the shape.
-pub fn ids_2d(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, [usize; 2])> {
+pub fn ids_2d(name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, [usize; 2])> {
     if let Ok(a) = obj.extract::<PyReadonlyArray2<'_, i64>>() {
         let s = a.shape();
         return Ok((to_ids(name, a.as_array().iter().copied())?, [s[0], s[1]]));
@@ -68,14 +74,15 @@ pub fn ids_2d(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<(Vec<u32>, [usize;
             [s[0], s[1]],
         ));
     }
-    Err(PyTypeError::new_err(format!(
-        "{name}: expected a 2-D numpy array of int64 or int32 shaped [rows, k], got {}",
-        describe(obj)
+    Err(to_py(Error::wrong_type(
+        name,
+        "a 2-D numpy array of int64 or int32 shaped [rows, k]",
+        describe(obj),
     )))
 }
 
 /// A 2-D float array [rows, k] (float32 or float64).
-pub fn probs_2d(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<(Vec<f32>, [usize; 2])> {
+pub fn probs_2d(name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<(Vec<f32>, [usize; 2])> {
     if let Ok(a) = obj.extract::<PyReadonlyArray2<'_, f32>>() {
         let s = a.shape();
         return Ok((a.as_array().iter().copied().collect(), [s[0], s[1]]));
@@ -87,8 +94,9 @@ pub fn probs_2d(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<(Vec<f32>, [usiz
             [s[0], s[1]],
         ));
     }
-    Err(PyTypeError::new_err(format!(
-        "{name}: expected a 2-D numpy array of float32 or float64 shaped [rows, k], got {}",
-        describe(obj)
+    Err(to_py(Error::wrong_type(
+        name,
+        "a 2-D numpy array of float32 or float64 shaped [rows, k]",
+        describe(obj),
     )))
 }

@@ -1,17 +1,15 @@
 //! RECAP's settings, one source of truth: the defaults and limits Python's `RecapConfig`
 //! shows come from `recap_core`, and its validation is `RecapConfig::validate` here.
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use recap_core::search::DEFAULT_ETA;
-use recap_core::{FusionMode, Priors, RecapConfig, SearchParams, SharedMemory};
+use recap_core::DEFAULT_ETA;
+use recap_core::{Error, FusionMode, Priors, RecapConfig, SearchParams, SharedMemory};
 
 use crate::errors::to_py;
 
-pub fn nonneg(name: &str, v: i64) -> PyResult<usize> {
-    usize::try_from(v)
-        .map_err(|_| PyValueError::new_err(format!("{name}: expected a value >= 0, got {v}")))
+pub fn nonneg(name: &'static str, v: i64) -> PyResult<usize> {
+    usize::try_from(v).map_err(|_| to_py(Error::invalid(name, "a value >= 0", v)))
 }
 
 /// The settings Python passes, as one struct (every field already has its default).
@@ -114,8 +112,10 @@ fn check_recap_config(
     }
     .build()?;
     if memory_capacity < 1 {
-        return Err(PyValueError::new_err(format!(
-            "memory_capacity: expected >= 1, got {memory_capacity}"
+        return Err(to_py(Error::invalid(
+            "memory_capacity",
+            ">= 1",
+            memory_capacity,
         )));
     }
     Ok(())

@@ -5,10 +5,9 @@
 
 use std::sync::Mutex;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use recap_core::peers::{SuffixTreeConfig, TR_LEVELS};
-use recap_core::{DraftSource, RecapConfig, SharedDrafter, SharedMemory};
+use recap_core::{DraftSource, Error, RecapConfig, SharedDrafter, SharedMemory};
 
 use crate::arrays::ids_1d;
 use crate::config::{nonneg, Knobs};
@@ -41,10 +40,10 @@ fn memory_or_new(
     let shared = &memory.get().inner;
     let got_k = shared.lock().k();
     if shared.vocab_size() != vocab_size || got_k != k {
-        return Err(PyValueError::new_err(format!(
-            "memory: expected a PersistentMemory with vocab_size {vocab_size} and k {k}, got \
-             vocab_size {} and k {got_k}",
-            shared.vocab_size()
+        return Err(to_py(Error::invalid(
+            "memory",
+            format!("a PersistentMemory with vocab_size {vocab_size} and k {k}"),
+            format!("vocab_size {} and k {got_k}", shared.vocab_size()),
         )));
     }
     Ok(memory)

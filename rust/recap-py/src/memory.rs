@@ -4,9 +4,9 @@
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use recap_core::memory::UnigramTable;
-use recap_core::snapshot::{self, Expect};
 use recap_core::SharedMemory;
+use recap_core::SnapshotExpect as Expect;
+use recap_core::UnigramTable;
 
 use crate::errors::to_py;
 
@@ -89,8 +89,7 @@ impl PersistentMemory {
     /// The header of a snapshot file as a dict (vocab_size, k, capacity, fingerprint, rows).
     #[staticmethod]
     fn inspect<'py>(py: Python<'py>, path: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {
-        let bytes = snapshot::read(&path).map_err(to_py)?;
-        let h = snapshot::header(&bytes).map_err(to_py)?;
+        let h = recap_core::snapshot_header(&path).map_err(to_py)?;
         let d = PyDict::new(py);
         d.set_item("vocab_size", h.vocab_size)?;
         d.set_item("k", h.k)?;

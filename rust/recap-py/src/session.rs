@@ -2,7 +2,6 @@
 //! its view of the budget), and `DraftTree`, the packed tree of one step.
 
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadwriteArray1};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use recap_core::{DraftSession, TopKRows};
@@ -315,9 +314,10 @@ impl Session {
 
 fn check_same_shape(a: [usize; 2], b: [usize; 2]) -> PyResult<()> {
     if a != b {
-        return Err(PyValueError::new_err(format!(
-            "topk_probs: expected the shape of topk_ids {:?}, got {:?}",
-            a, b
+        return Err(to_py(recap_core::Error::invalid(
+            "topk_probs",
+            format!("the shape of topk_ids {a:?}"),
+            format!("{b:?}"),
         )));
     }
     Ok(())

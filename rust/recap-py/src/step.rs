@@ -2,9 +2,8 @@
 //! once, one call takes the verifier's packed array as it comes back from the device.
 
 use numpy::{PyReadonlyArray2, PyReadwriteArray1, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use recap_core::{DraftSession, DraftTree, TopKRows};
+use recap_core::{DraftSession, DraftTree, Error, TopKRows};
 
 use crate::errors::to_py;
 
@@ -43,8 +42,10 @@ pub fn write_tree(
         ("block", block.len(), n * n),
     ] {
         if have < need {
-            return Err(PyValueError::new_err(format!(
-                "{name}: expected a buffer of at least {need} entries for a {n}-node tree, got {have}"
+            return Err(to_py(Error::invalid(
+                name,
+                format!("a buffer of at least {need} entries for a {n}-node tree"),
+                format!("{have}"),
             )));
         }
     }
@@ -68,21 +69,29 @@ pub fn write_tree(
         &mut positions,
         tree.depths.iter().map(|&v| position_base + i64::from(v)),
     )?;
-    let b = block
-        .as_slice_mut()
-        .map_err(|_| PyValueError::new_err("block: expected a contiguous writable buffer"))?;
+    let b = block.as_slice_mut().map_err(|_| {
+        to_py(Error::wrong_type(
+            "block",
+            "a contiguous writable buffer",
+            "a non-contiguous or read-only array",
+        ))
+    })?;
     tree.write_additive_mask(&mut b[..n * n], masked);
     let deepest = tree.depths.iter().copied().max().unwrap_or(0);
     Ok((n, i64::from(deepest)))
 }
 
 fn fill(
-    name: &str,
+    name: &'static str,
     buf: &mut PyReadwriteArray1<'_, i64>,
     values: impl Iterator<Item = i64>,
 ) -> PyResult<()> {
     let out = buf.as_slice_mut().map_err(|_| {
-        PyValueError::new_err(format!("{name}: expected a contiguous writable buffer"))
+        to_py(Error::wrong_type(
+            name,
+            "a contiguous writable buffer",
+            "a non-contiguous or read-only array",
+        ))
     })?;
     for (dst, v) in out.iter_mut().zip(values) {
         *dst = v;
@@ -112,22 +121,27 @@ pub fn observe_packed(
         let s = a.shape();
         (a.as_array().iter().copied().collect(), s[0], s[1])
     } else {
-        return Err(PyTypeError::new_err(
-            "packed: expected a 2-D float32 or float64 array [nodes, 1 + 2k]",
-        ));
+        return Err(to_py(Error::wrong_type(
+            "packed",
+            "a 2-D float32 or float64 array [nodes, 1 + 2k]",
+            crate::arrays::describe(packed),
+        )));
     };
     if width != 1 + 2 * k {
-        return Err(PyValueError::new_err(format!(
-            "packed: expected {} columns (argmax, {k} ids, {k} probabilities), got {width}",
-            1 + 2 * k
+        return Err(to_py(Error::invalid(
+            "packed",
+            format!("{} columns (argmax, {k} ids, {k} probabilities)", 1 + 2 * k),
+            format!("{width}"),
         )));
     }
     let id = |v: f64| -> PyResult<u32> {
         if v.fract() == 0.0 && (0.0..f64::from(u32::MAX)).contains(&v) {
             Ok(v as u32)
         } else {
-            Err(PyValueError::new_err(format!(
-                "packed: token ids must be whole numbers >= 0, got {v}"
+            Err(to_py(Error::invalid(
+                "packed",
+                "token ids that are whole numbers >= 0",
+                v,
             )))
         }
     };
