@@ -1,8 +1,10 @@
-"""`recap.Decoder`: greedy generation with tree-verified RECAP drafts.
+"""`recap.Decoder`: generation with tree-verified RECAP drafts.
 
-One step: draft (Rust) -> pack (mask, positions) -> verify (one forward over the tree) ->
-accept + update (Rust) -> compact the KV cache -> commit tokens. The output equals
-`model.generate(do_sample=False)` token for token.
+One step: draft (Rust, into the tree pass's buffers) -> pack (mask, positions) -> verify (one
+forward over the tree, `recap.tree_pass`) -> pick (each node's token under sampling or
+processors, on the device, `recap.acceptance`) -> accept + update (Rust) -> compact the KV
+cache -> commit tokens. Greedy output equals `model.generate(do_sample=False)` token for
+token; sampled output equals one-token sampling with the same seed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.config import RecapConfig
 from recap.conformance import probe
 from recap.memory_pool import MemoryPool, memory_fingerprint
+from recap.outputs import RecapGenerateOutput, TokenRows
 from recap.model_state import peek, state_of
 from recap.request import UNSET, Request, from_call
 from recap.stats import GenerationStats
@@ -44,7 +47,8 @@ class _PassFactory:
 
 
 class Decoder:
-    """Wraps a transformers model and generates greedily with tree-verified drafts.
+    """Wraps a transformers model and generates with tree-verified drafts: greedy by default,
+    or sampled with any of generate's settings, with the same tokens one-token decoding gives.
 
     ``drafter`` names the draft source (``"recap"``, its ablations or a peer; see
     `recap.drafters.DRAFTERS`). The drafter lives as long as the Decoder and opens one
@@ -174,8 +178,10 @@ class Decoder:
                  max_new_tokens: int | None = None, max_length: int | None = None,
                  eos_token_id: int | list[int] | None = UNSET, streamer: Any = None,
                  generation_config: Any = None, logits_processor: Any = None, stopping_criteria: Any = None,
-                 seed: int | None = None, memory_scope: str | None = None, **kwargs: Any) -> torch.Tensor:
-        """Returns prompt + new tokens shaped [1, L] like `model.generate`.
+                 seed: int | None = None, memory_scope: str | None = None, **kwargs: Any) -> Any:
+        """Returns prompt + new tokens shaped [1, L] like `model.generate` (with
+        ``return_dict_in_generate=True``, a `recap.outputs.RecapGenerateOutput`: sequences,
+        ``output_scores`` / ``output_logits`` as generate returns them, and `recap_stats`).
 
         Greedy unless ``do_sample=True``; every other `generate` setting (temperature, top_k,
         top_p, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, bad_words_ids,
@@ -195,7 +201,7 @@ class Decoder:
 
     @torch.no_grad()
     def run(self, request: Request, *, memory_scope: str | None = None,
-            pool: MemoryPool | None = None) -> torch.Tensor:
+            pool: MemoryPool | None = None) -> Any:
         """Decodes one validated request (`recap.request`), in `memory_scope` of `pool` (the
         decoder's own pool by default) when a scope is given."""
         pool = pool if pool is not None else self.pool
@@ -236,7 +242,7 @@ class Decoder:
                                        fingerprint=memory_fingerprint(self.model))
         self.memory = loaded  # requests that start from now on draw on it; running ones keep theirs
 
-    def _generate(self, req: Request, session) -> torch.Tensor:
+    def _generate(self, req: Request, session) -> Any:
         """prompt -> prefill -> loop { draft -> pack -> verify -> pick -> accept + update ->
         compact -> commit }: one request on its own session and tree pass."""
         input_ids, max_new, eos, streamer, chooser = req.input_ids, req.max_new, req.eos, req.streamer, req.chooser
@@ -255,6 +261,9 @@ class Decoder:
             adapter.before_prefill()
             last, (seed_ids, seed_probs) = tp.prefill(input_ids, req.attention_mask, req.model_inputs)
         first = chooser.choose(prompt, last, 0)
+        rows = TokenRows() if req.keeps_rows else None
+        if rows is not None:
+            rows.add(last.unsqueeze(0))
         stats.prefill_s = time.perf_counter() - t_start
         router = getattr(peek(self.model), "router", None)  # routing stats are kept per thread
         if router is not None and router.last_stats is not None:
@@ -267,17 +276,24 @@ class Decoder:
         if not (first in eos or len(out) >= max_new or self._stop(req, prompt, out)):
             session.begin(np.asarray(prompt + [first], dtype=np.int64))
             session.seed(seed_ids, seed_probs)
-            self._decode(req, session, tp, prompt, out, stats)
+            self._decode(req, session, tp, prompt, out, stats, rows)
         if streamer is not None:
             streamer.end()
         if self._cost is not None:
             stats.cost = session.cost_state()
         stats.new_tokens = len(out)
         stats.total_s = time.perf_counter() - t_start
-        return torch.tensor([prompt + out], dtype=input_ids.dtype, device=input_ids.device)
+        sequences = torch.tensor([prompt + out], dtype=input_ids.dtype, device=input_ids.device)
+        if not req.return_dict:
+            return sequences
+        return RecapGenerateOutput(
+            sequences=sequences, recap_stats=stats.as_dict(),
+            logits=rows.logits(len(out)) if rows is not None and req.output_logits else None,
+            scores=rows.scores(chooser.processors, sequences, len(prompt), len(out))
+            if rows is not None and req.output_scores else None)
 
     def _decode(self, req: Request, session, tp: TreePass, prompt: list[int], out: list[int],
-                stats: GenerationStats) -> None:
+                stats: GenerationStats, rows: TokenRows | None) -> None:
         """The steps after the first token, until EOS, the length or a stopping criterion."""
         eos, max_new, streamer, k = req.eos, req.max_new, req.streamer, self.config.k
         # Processed or sampled: each node's own pick, on the device (greedy reads the argmax).
@@ -303,6 +319,8 @@ class Decoder:
             path, committed = session.observe_packed(packed, k, t3 - t2 if timed else None, host_s)
             t4 = time.perf_counter()
             tp.compact(path, n)
+            if rows is not None:  # each committed token's row: the node it was picked at
+                rows.add(logits.index_select(0, torch.from_numpy(path).to(logits.device)))
             t5 = time.perf_counter()
             new = committed.tolist()
             for i, tok in enumerate(new):

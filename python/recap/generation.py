@@ -12,6 +12,7 @@ request opens its own session on the shared decoder.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Any
 
@@ -42,6 +43,26 @@ def decoder_for(model: torch.nn.Module, config: RecapConfig | None = None, draft
         return dec
 
 
+def _streamer_given_to_generate(model: torch.nn.Module) -> Any:
+    """The streamer the user gave `model.generate`. transformers (5.x) does not hand it to a
+    callable `custom_generate` (it keeps only the callable's own keywords), though it has
+    already put the prompt into it; it is read from that `generate` call's frame. When a
+    transformers version passes it through, the `streamer` argument has it and this is not
+    used."""
+    frame = inspect.currentframe()
+    try:
+        for _ in range(8):  # recap.generate <- torch.no_grad's wrapper <- GenerationMixin.generate
+            frame = frame.f_back if frame is not None else None
+            if frame is None:
+                return None
+            if frame.f_code.co_name == "generate" and frame.f_locals.get("self") is model \
+                    and "streamer" in frame.f_code.co_varnames:
+                return frame.f_locals.get("streamer")
+        return None
+    finally:
+        del frame
+
+
 @torch.no_grad()
 def generate(model: torch.nn.Module, input_ids: torch.Tensor, logits_processor=None, stopping_criteria=None,
              generation_config=None, synced_gpus: bool = False, streamer: Any = None, seed: int | None = None,
@@ -56,8 +77,8 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, logits_processor=N
 
     if synced_gpus:
         raise ValueError("recap.generate runs on one process; synced_gpus=True is not supported")
-    if model_kwargs.get("return_dict_in_generate") or getattr(generation_config, "return_dict_in_generate", False):
-        raise ValueError("recap.generate returns the token ids; return_dict_in_generate=True is not supported")
+    if streamer is None:
+        streamer = _streamer_given_to_generate(model)
     decoder = decoder_for(model, recap_config, drafter)
     request = from_transformers(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                 streamer, seed, model_kwargs)

@@ -34,6 +34,15 @@ class Request:
     streamer: Any = None
     streamer_has_prompt: bool = False
     model_inputs: dict = field(default_factory=dict)
+    # What `generate(return_dict_in_generate=True, ...)` returns besides the sequences.
+    return_dict: bool = False
+    output_scores: bool = False
+    output_logits: bool = False
+
+    @property
+    def keeps_rows(self) -> bool:
+        """Whether the loop keeps each committed token's logits (for scores or logits)."""
+        return self.return_dict and (self.output_scores or self.output_logits)
 
 
 def _check_input_ids(model, input_ids: Any, attention_mask, model_inputs: dict) -> torch.Tensor:
@@ -57,6 +66,11 @@ def _check_input_ids(model, input_ids: Any, attention_mask, model_inputs: dict) 
 
 
 def _refuse_unsupported(gen) -> None:
+    for name in ("output_attentions", "output_hidden_states"):
+        if getattr(gen, name, False):
+            raise ValueError(f"recap verifies draft trees in one pass per step; {name}=True (per-token "
+                             "attentions or hidden states as generate returns them) is not supported; "
+                             "output_scores and output_logits are")
     for name, ok in [("num_beams", gen.num_beams in (None, 1)),
                      ("num_return_sequences", gen.num_return_sequences in (None, 1)),
                      ("prompt_lookup_num_tokens", getattr(gen, "prompt_lookup_num_tokens", None) is None),
@@ -137,7 +151,7 @@ def from_call(model, input_ids, attention_mask, *, max_new_tokens, max_length, e
     processors, stopping = _processors_and_stopping(model, gen, input_ids, model_inputs, logits_processor,
                                                     stopping_criteria, tokenizer)
     return Request(input_ids, attention_mask, max_new, eos, TokenChooser(processors, gen.do_sample, seed),
-                   stopping, streamer, False, model_inputs)
+                   stopping, streamer, False, model_inputs, *_outputs(gen))
 
 
 def from_transformers(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
@@ -161,4 +175,10 @@ def from_transformers(model, input_ids, logits_processor, stopping_criteria, gen
         raise ValueError(f"max_length: expected more than the prompt's {prompt_len} tokens, got {gen.max_length}")
     eos = eos_set(gen.eos_token_id)
     return Request(input_ids, attention_mask, max_new, eos, TokenChooser(logits_processor, gen.do_sample, seed),
-                   _beyond_length_and_eos(stopping_criteria), streamer, True, model_kwargs)
+                   _beyond_length_and_eos(stopping_criteria), streamer, streamer is not None, model_kwargs,
+                   *_outputs(gen))
+
+
+def _outputs(gen) -> tuple[bool, bool, bool]:
+    return (bool(getattr(gen, "return_dict_in_generate", False)), bool(getattr(gen, "output_scores", False)),
+            bool(getattr(gen, "output_logits", False)))
