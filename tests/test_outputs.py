@@ -8,8 +8,8 @@ import threading
 import pytest
 import recap
 import torch
-from transformers import TextIteratorStreamer, TextStreamer
 from tiny_models import llava_inputs, text_family
+from transformers import TextIteratorStreamer, TextStreamer
 
 PROMPT = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]])
 GREEDY = dict(do_sample=False, max_new_tokens=14, eos_token_id=None, pad_token_id=0)

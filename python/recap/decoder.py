@@ -13,7 +13,7 @@ import contextlib
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -27,8 +27,8 @@ from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.config import RecapConfig
 from recap.conformance import probe
 from recap.memory_pool import MemoryPool, memory_fingerprint
-from recap.outputs import RecapGenerateOutput, TokenRows
 from recap.model_state import peek, state_of
+from recap.outputs import RecapGenerateOutput, TokenRows
 from recap.request import UNSET, Request, from_call
 from recap.stats import GenerationStats
 from recap.tree_pass import TreePass
@@ -286,11 +286,12 @@ class Decoder:
         sequences = torch.tensor([prompt + out], dtype=input_ids.dtype, device=input_ids.device)
         if not req.return_dict:
             return sequences
-        return RecapGenerateOutput(
-            sequences=sequences, recap_stats=stats.as_dict(),
-            logits=rows.logits(len(out)) if rows is not None and req.output_logits else None,
-            scores=rows.scores(chooser.processors, sequences, len(prompt), len(out))
-            if rows is not None and req.output_scores else None)
+        # transformers types these fields as one-element tuples; they hold one row per token.
+        logits: Any = rows.logits(len(out)) if rows is not None and req.output_logits else None
+        scores: Any = (rows.scores(chooser.processors, sequences, len(prompt), len(out))
+                       if rows is not None and req.output_scores else None)
+        return RecapGenerateOutput(sequences=cast(torch.LongTensor, sequences), logits=logits, scores=scores,
+                                   recap_stats=stats.as_dict())
 
     def _decode(self, req: Request, session, tp: TreePass, prompt: list[int], out: list[int],
                 stats: GenerationStats, rows: TokenRows | None) -> None:
