@@ -163,3 +163,22 @@ def test_construction_runs_no_forward_pass_and_first_use_prepares():
         assert len(calls) > 10 and dec.cost is not None  # probe, layout timing, cost curve, then decoding
     finally:
         handle.remove()
+
+
+def test_only_drafters_that_learn_from_the_prompt_pay_for_its_rows():
+    """The prompt's top-K rows seed persistent memories; a drafter without one (ar, pld,
+    sam, suffix) prefills as generate does: the head at the last position only."""
+    model = text_model("Llama")
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 9, 10]])
+    head = model.get_output_embeddings()
+    for drafter, rows in [("ar", 1), ("pld", 1), ("suffix", 1), ("recap", ids.shape[1]), ("tr", ids.shape[1])]:
+        dec = recap.Decoder(model, RecapConfig(budget=8), drafter=drafter)
+        dec.generate(ids, max_new_tokens=2)  # first use (probe, layout) out of the way
+        seen = []
+        handle = head.register_forward_hook(lambda _m, args, _o: seen.append(args[0].reshape(-1, args[0].shape[-1])
+                                                                          .shape[0]))
+        try:
+            dec.generate(ids, max_new_tokens=1)
+        finally:
+            handle.remove()
+        assert sum(seen) == rows + (1 if rows > 1 else 0), (drafter, seen)  # the seed chunks and the last position

@@ -98,6 +98,9 @@ class Decoder:
             raise ValueError(f"linear_layout: expected one of {', '.join(layouts.LAYOUTS)}; got {linear_layout!r}")
         self._linear_layout = linear_layout
         self._auto_budget = spec.adapts_budget and self.config.auto_budget
+        # Only drafters with a persistent memory learn from the prompt's rows; the others'
+        # prefill computes the head at the last position only, as generate's does.
+        self._seeds = spec.uses_memory
         self._layout: layouts.LinearLayout | None = None
         self._prepared = False
 
@@ -259,7 +262,8 @@ class Decoder:
         shared = state_of(self.model).prefill_lock if adapter.keeps_request_state else contextlib.nullcontext()
         with shared:
             adapter.before_prefill()
-            last, (seed_ids, seed_probs) = tp.prefill(input_ids, req.attention_mask, req.model_inputs)
+            last, (seed_ids, seed_probs) = tp.prefill(input_ids, req.attention_mask, req.model_inputs,
+                                                      seed_rows=self._seeds)
         first = chooser.choose(prompt, last, 0)
         rows = TokenRows() if req.keeps_rows else None
         if rows is not None:
