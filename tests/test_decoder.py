@@ -174,9 +174,12 @@ def test_only_drafters_that_learn_from_the_prompt_pay_for_its_rows():
     for drafter, rows in [("ar", 1), ("pld", 1), ("suffix", 1), ("recap", ids.shape[1]), ("tr", ids.shape[1])]:
         dec = recap.Decoder(model, RecapConfig(budget=8), drafter=drafter)
         dec.generate(ids, max_new_tokens=2)  # first use (probe, layout) out of the way
-        seen = []
-        handle = head.register_forward_hook(lambda _m, args, _o: seen.append(args[0].reshape(-1, args[0].shape[-1])
-                                                                          .shape[0]))
+        seen: list[int] = []
+
+        def count(_m, args, _o, seen=seen):
+            seen.append(args[0].reshape(-1, args[0].shape[-1]).shape[0])
+
+        handle = head.register_forward_hook(count)
         try:
             dec.generate(ids, max_new_tokens=1)
         finally:
