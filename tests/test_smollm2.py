@@ -40,13 +40,26 @@ def test_chat_prompts_equal_greedy_and_summaries_reach_tau(smollm2):
             assert dec.last_stats.tau > 1.5, dec.last_stats.as_dict()
 
 
-def test_bench_command_runs_end_to_end(tmp_path):
-    from recap.cli import main
+def test_bench_command_runs_end_to_end_on_a_gguf_file(tmp_path, capsys):
+    """`recap bench --model FILE.gguf` (the embedded model's own file): interleaved rounds, the
+    one-line verdict first, the disturbance line, and the report on disk."""
+    import json
 
-    code = main(["bench", "--drafters", "recap@auto", "recap", "pld", "--sets", "summarisation", "--per-set", "1",
-                 "--max-new-tokens", "8", "--out", str(tmp_path), "--quiet"])
+    from recap.cli import main
+    from recap.models import GGUF_NAME, smollm2_path
+
+    gguf = str(smollm2_path() / GGUF_NAME)
+    code = main(["bench", "--model", gguf, "--drafters", "recap@auto", "recap", "pld", "--sets", "summarisation",
+                 "--per-set", "1", "--max-new-tokens", "8", "--out", str(tmp_path), "--quiet"])
     assert code == 0
-    assert {p.name for p in tmp_path.iterdir()} >= {"bench.json", "bench.md"}
+    out = capsys.readouterr().out
+    assert "recap@auto: " in out and "than greedy (interquartile" in out and "x 3 rounds" in out
+    assert "Disturbance:" in out or "WARNING: these figures are unreliable" in out
+    assert out.index("than greedy") < out.index("| drafter |")  # the verdict before the table
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["meta"]["rounds"] == 3 and report["meta"]["model"].startswith(gguf)
+    assert {"ar_step_spread", "low_cpu_runs", "unreliable"} <= set(report["noise"])
+    assert len([r for r in report["runs"] if r["label"] == "ar"]) == 3
 
 
 def test_bench_reports_agreement_in_reduced_precision(tmp_path):

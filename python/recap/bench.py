@@ -1,14 +1,28 @@
 """`recap bench`: every drafter behind the one verifier, same model, prompts and process.
 
-Per prompt, the drafters run one after another in an order rotated from prompt to prompt
-(so no drafter always runs first), after a warm-up. Multi-turn prompts keep the
-conversation: each drafter's own answers are fed back. Every drafter keeps its cross-request
-state across prompts, as in real use. Outputs are compared token for token with `ar`'s.
+Timing that survives a busy machine: each prompt runs in `rounds` short interleaved rounds;
+in each round every drafter answers the prompt once, in an order rotated from round to
+round and prompt to prompt, so a burst of load from another program lands on every drafter
+alike rather than on whichever ran during it. A drafter's speedup is the median, over
+prompts and rounds, of its paired ratio ar time / its time within the same round, reported
+with the interquartile range of those ratios. The disturbance itself is measured: the spread
+of ar's time per step across rounds, and runs whose process CPU time fell well below their
+wall time (the CPUs were busy elsewhere); when either is large the table and the terminal say
+the figures are unreliable, with the measured spread.
 
-Reported per data set and overall: tau (bonus included), tokens/s, speedup over `ar` in the
-same run, mean verified tree size, host microseconds per step by phase, forward milliseconds
-per step, mismatching prompts and, over those, the mean number of tokens that agreed before
-the first difference (the agreement figure of reduced-precision runs). transformers' own prompt lookup
+Before every round after the first, the persistent memories are restored to their state
+before the prompt, so a repeated prompt never drafts from its own earlier answer (the
+cross-request suffix trie of `suffix_x` cannot be restored and does). Across prompts every
+drafter keeps its cross-request state, as in real use. Multi-turn prompts keep the
+conversation: each drafter's own answers are fed back. Outputs are compared token for token
+with `ar`'s.
+
+Reported per data set and overall: tau (bonus included), the median paired speedup over `ar`
+and its interquartile range, prefill milliseconds, milliseconds per decoding step (so that
+speedup ~= tau x ar's step time / the drafter's step time), mean verified tree size, host
+microseconds per step by phase, forward milliseconds per step, mismatching prompts and, over
+those, the mean number of tokens that agreed before the first difference (the agreement
+figure of reduced-precision runs). transformers' own prompt lookup
 (`generate(prompt_lookup_num_tokens=10)`) runs alongside as an external anchor.
 
 With `sampling` (e.g. do_sample=True, temperature=0.7), every drafter samples with the same
@@ -21,7 +35,9 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -37,6 +53,10 @@ from recap.prompts import Prompt
 from recap.stats import PHASES
 
 ANCHOR = "hf_pld"
+#: A run whose CPU time per wall second is below this share of the typical run's was disturbed.
+LOW_CPU_SHARE = 0.75
+#: ar's time per step varying more than this across a prompt's rounds makes the figures unreliable.
+STEP_SPREAD_LIMIT = 0.15
 DEFAULT_DRAFTERS = ("ar", "recap", "recap_nosuffix", "tr", "tr_bf", "pld", "sam", "sam_tr", "suffix")
 #: encode(messages, image path or None) -> input ids [1, L], or a dict of model inputs
 #: (input_ids plus pixel_values and the like, as a processor returns them).
@@ -90,6 +110,9 @@ class Run:
     #: Index of the first token that differs from ar's output for the same turn (None: equal,
     #: or not compared).
     first_diff: int | None = None
+    #: The interleaved round the run belongs to, and the process CPU time it took.
+    round: int = 0
+    cpu_s: float = 0.0
 
 
 class _ForwardCounter:
@@ -109,7 +132,12 @@ class _ForwardCounter:
 class Bench:
     def __init__(self, model: Any, encode: Encode, entries: list[Entry], *,
                  budget: int | str = 32, max_new_tokens: int = 200, eos_token_id: int | None = None,
-                 decode: Decode | None = None, sampling: dict | None = None, seed: int = 0) -> None:
+                 decode: Decode | None = None, sampling: dict | None = None, seed: int = 0, rounds: int = 1,
+                 clock: Callable[[], float] = time.perf_counter,
+                 cpu_clock: Callable[[], float] = time.process_time) -> None:
+        if not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"rounds: expected an int >= 1, got {rounds!r}")
+        self.rounds, self.clock, self.cpu_clock = rounds, clock, cpu_clock
         if not any(e.label == "ar" for e in entries):
             entries = [Entry("ar", "ar", None), *entries]
         self.model, self.encode, self.decode = model, encode, decode
@@ -128,13 +156,14 @@ class Bench:
         ids = inputs.pop("input_ids")
         attn = inputs.pop("attention_mask", None)
         attn = torch.ones_like(ids) if attn is None else attn
+        cpu = self.cpu_clock()
         if label in self.decoders:
             dec = self.decoders[label]
-            t = time.perf_counter()
+            t = self.clock()
             sampled = dict(self.sampling, seed=seed) if self.sampling else {}
             out = dec.generate(ids, attention_mask=attn, max_new_tokens=max_new, eos_token_id=self.eos, **sampled,
                                **inputs)
-            total = time.perf_counter() - t
+            total = self.clock() - t
             s = dec.last_stats
             assert s is not None  # set by the generate call just made on this thread
             info = dict(steps=s.steps, prefill_s=s.prefill_s, tree_nodes=sum(s.tree_sizes),
@@ -143,16 +172,17 @@ class Bench:
         else:
             counter = _ForwardCounter(self.model)
             try:  # in the decoders' linear layout, so only the draft and verify logic differ
-                t = time.perf_counter()
+                t = self.clock()
                 torch.manual_seed(seed)
                 settings = self.sampling or {"do_sample": False}
                 with self.decoders["ar"].verifying():
                     out = self.model.generate(ids, attention_mask=attn, max_new_tokens=max_new, eos_token_id=self.eos,
                                               prompt_lookup_num_tokens=10, **settings, **inputs)
-                total = time.perf_counter() - t
+                total = self.clock() - t
             finally:
                 counter.close()
             info = dict(steps=max(counter.calls - 1, 0), prefill_s=0.0, tree_nodes=0, phase_s={}, total_s=total)
+        info["cpu_s"] = self.cpu_clock() - cpu
         return out[0, ids.shape[1]:].tolist(), info
 
     def warm_up(self, tokens: int = 8, image: Any = None) -> None:
@@ -162,29 +192,54 @@ class Bench:
 
     def run_prompt(self, index: int, prompt: Prompt) -> None:
         labels = [e.label for e in self.entries]
-        shift = index % len(labels)
-        for label in labels[shift:] + labels[:shift]:
-            messages: list[dict] = []
-            for turn, text in enumerate(prompt.turns):
-                messages.append({"role": "user", "content": text})
-                inputs = self.encode(messages, prompt.image)
-                ids = inputs if isinstance(inputs, torch.Tensor) else inputs["input_ids"]
-                seed = self.seed + 7919 * index + turn  # the same for every drafter
-                output, info = self._generate(label, inputs, self.max_new_tokens, seed)
-                self.runs.append(Run(label=label, set=prompt.set, prompt=prompt.id, turn=turn,
-                                     prompt_tokens=ids.shape[1], new_tokens=len(output), output=output, **info))
-                answer = self.decode(output) if self.decode else ""
-                messages.append({"role": "assistant", "content": answer})
+        with tempfile.TemporaryDirectory(prefix="recap-bench-") as tmp:
+            before = self._snapshot(Path(tmp))
+            for r in range(self.rounds):
+                if r:
+                    self._restore(before)
+                shift = (index + r) % len(labels)
+                for label in labels[shift:] + labels[:shift]:
+                    self._answer(label, index, prompt, r)
         self.compare(prompt.id)
+
+    def _snapshot(self, folder: Path) -> dict[str, Path]:
+        """Each persistent memory's state before a prompt (only needed with several rounds)."""
+        if self.rounds == 1:
+            return {}
+        saved = {}
+        for label, dec in self.decoders.items():
+            if dec.memory is not None:
+                saved[label] = folder / f"{len(saved)}.recapmem"
+                dec.save_memory(saved[label])
+        return saved
+
+    def _restore(self, saved: dict[str, Path]) -> None:
+        for label, path in saved.items():
+            self.decoders[label].load_memory(path)
+
+    def _answer(self, label: str, index: int, prompt: Prompt, round_: int) -> None:
+        """One drafter's answer to every turn of `prompt`, in one round."""
+        messages: list[dict] = []
+        for turn, text in enumerate(prompt.turns):
+            messages.append({"role": "user", "content": text})
+            inputs = self.encode(messages, prompt.image)
+            ids = inputs if isinstance(inputs, torch.Tensor) else inputs["input_ids"]
+            seed = self.seed + 7919 * index + turn  # the same for every drafter
+            output, info = self._generate(label, inputs, self.max_new_tokens, seed)
+            self.runs.append(Run(label=label, set=prompt.set, prompt=prompt.id, turn=turn,
+                                 prompt_tokens=ids.shape[1], new_tokens=len(output), output=output,
+                                 round=round_, **info))
+            answer = self.decode(output) if self.decode else ""
+            messages.append({"role": "assistant", "content": answer})
 
     def compare(self, prompt_id: str) -> None:
         """Marks each run of the prompt equal or not to ar's output for the same turn, and
         where they first differ."""
-        reference = {r.turn: r.output for r in self.runs if r.prompt == prompt_id and r.label == "ar"}
+        reference = {(r.turn, r.round): r.output for r in self.runs if r.prompt == prompt_id and r.label == "ar"}
         for r in self.runs:
             if r.prompt == prompt_id:
                 sampled_anchor = self.sampling and r.label not in self.decoders
-                want = reference.get(r.turn)
+                want = reference.get((r.turn, r.round))
                 r.equal = None if sampled_anchor else r.output == want
                 r.first_diff = None if r.equal is not False else _first_diff(r.output, want or [])
 
@@ -200,13 +255,42 @@ class Bench:
             bar(i + 1, p.id)
 
     # ---- reporting --------------------------------------------------------------------
+    def _paired_ratios(self, runs: list[Run], label: str) -> list[float]:
+        """ar's time / `label`'s time, per (prompt, round): both answered the prompt within
+        the same round, so a disturbance long enough to matter usually touches both."""
+        wall: dict[tuple[str, int, str], float] = {}
+        for r in runs:
+            wall[(r.prompt, r.round, r.label)] = wall.get((r.prompt, r.round, r.label), 0.0) + r.total_s
+        return [wall[(p, rd, "ar")] / t for (p, rd, lab), t in wall.items()
+                if lab == label and t > 0 and (p, rd, "ar") in wall]
+
+    def noise(self) -> dict[str, Any]:
+        """How disturbed the run was: the spread of ar's time per decoding step across the
+        rounds of each prompt (the largest over prompts, as a share of its median), and the
+        runs whose process CPU time per wall second fell below LOW_CPU_SHARE of that drafter's
+        typical run (the machine's CPUs were busy elsewhere during them)."""
+        step: dict[str, list[float]] = {}
+        for r in self.runs:
+            if r.label == "ar" and r.steps:
+                step.setdefault(r.prompt, []).append((r.total_s - r.prefill_s) / r.steps)
+        spreads = [(max(v) - min(v)) / statistics.median(v) for v in step.values() if len(v) > 1]
+        shares: dict[str, list[float]] = {}  # per drafter: host-heavy drafters use fewer threads
+        for r in self.runs:
+            if r.total_s > 0:
+                shares.setdefault(r.label, []).append(r.cpu_s / r.total_s)
+        typical = {label: statistics.median(v) for label, v in shares.items()}
+        low = [r for r in self.runs if r.total_s > 0 and r.cpu_s / r.total_s < LOW_CPU_SHARE * typical[r.label]]
+        ar_spread = max(spreads) if spreads else None
+        unreliable = bool(low) or (ar_spread is not None and ar_spread > STEP_SPREAD_LIMIT)
+        return {"rounds": self.rounds, "ar_step_spread": ar_spread, "low_cpu_runs": len(low),
+                "runs": len(self.runs), "unreliable": unreliable}
+
     def summary(self) -> dict[str, dict[str, dict[str, Any]]]:
         """summary[set or "overall"][label] = figures."""
         sets = sorted({r.set for r in self.runs}) + ["overall"]
         out: dict[str, dict[str, dict[str, Any]]] = {}
         for s in sets:
             rows = [r for r in self.runs if s == "overall" or r.set == s]
-            ar_time = sum(r.total_s for r in rows if r.label == "ar")
             out[s] = {}
             for e in self.entries:
                 mine = [r for r in rows if r.label == e.label]
@@ -215,11 +299,18 @@ class Bench:
                 steps = sum(r.steps for r in mine)
                 new = sum(r.new_tokens for r in mine)
                 total = sum(r.total_s for r in mine)
+                prefill = sum(r.prefill_s for r in mine)
+                ratios = sorted(self._paired_ratios(rows, e.label))
                 phases = {p: sum(r.phase_s.get(p, 0.0) for r in mine) / max(steps, 1) for p in PHASES}
                 out[s][e.label] = {
                     "tau": sum(r.new_tokens - 1 for r in mine) / max(steps, 1),
                     "tokens_per_s": new / total if total else 0.0,
-                    "speedup": ar_time / total if total else 0.0,
+                    "speedup": statistics.median(ratios) if ratios else 0.0,
+                    "speedup_q1": _quantile(ratios, 0.25),
+                    "speedup_q3": _quantile(ratios, 0.75),
+                    "paired_ratios": len(ratios),
+                    "prefill_ms": prefill / len(mine) * 1e3,
+                    "step_ms": (total - prefill) / max(steps, 1) * 1e3,
                     "mean_tree": sum(r.tree_nodes for r in mine) / max(steps, 1),
                     "host_us": sum(v for p, v in phases.items() if p != "forward") * 1e6,
                     **{f"{p}_us": v * 1e6 for p, v in phases.items() if p != "forward"},
@@ -236,8 +327,9 @@ class Bench:
         summ = self.summary()
         sets = list(summ)
         lines = ["| drafter | " + " | ".join(f"{s} tau / speedup" for s in sets)
-                 + " | tree | host us/step (draft, pack, update, kv) | fwd ms/step | mismatches (first diff) |",
-                 "|---" * (len(sets) + 5) + "|"]
+                 + " | speedup IQR | prefill ms | step ms | tree | host us/step (draft, pack, update, kv) "
+                 "| fwd ms/step | mismatches (first diff) |",
+                 "|---" * (len(sets) + 9) + "|"]
         for e in self.entries:
             o = summ["overall"].get(e.label)
             if o is None:
@@ -246,19 +338,52 @@ class Bench:
             for s in sets:
                 f = summ[s].get(e.label)
                 cells.append(f"{f['tau']:.2f} / {f['speedup']:.2f}x" if f else "-")
+            ours = e.label in self.decoders
             host = (f"{o['host_us']:.0f} ({o['draft_us']:.0f}, {o['pack_us']:.0f}, {o['update_us']:.0f}, "
-                    f"{o['compact_us']:.0f})" if e.label in self.decoders else "n/a")
-            fwd = f"{o['forward_ms']:.1f}" if e.label in self.decoders else "n/a"
-            tree = f"{o['mean_tree']:.1f}" if e.label in self.decoders else "n/a"
+                    f"{o['compact_us']:.0f})" if ours else "n/a")
+            fwd = f"{o['forward_ms']:.1f}" if ours else "n/a"
+            tree = f"{o['mean_tree']:.1f}" if ours else "n/a"
+            iqr = f"{o['speedup_q1']:.2f}-{o['speedup_q3']:.2f}x"
+            prefill = f"{o['prefill_ms']:.0f}" if ours else "n/a"
             div = o["first_divergence"]
             agree = f"{o['mismatches']}/{o['prompts']}" + (f" ({div:.0f})" if div is not None else "")
-            lines.append(f"| {e.label} | " + " | ".join(cells) + f" | {tree} | {host} | {fwd} | {agree} |")
+            lines.append(f"| {e.label} | " + " | ".join(cells) + f" | {iqr} | {prefill} | {o['step_ms']:.1f} | "
+                         f"{tree} | {host} | {fwd} | {agree} |")
+        lines += ["", self.noise_line()]
         return "\n".join(lines)
+
+    def noise_line(self) -> str:
+        n = self.noise()
+        spread = n["ar_step_spread"]
+        measured = (f"ar's time per step varied by {spread:.0%} across rounds" if spread is not None
+                    else "one round per prompt, so the spread across rounds is not measured")
+        low = f"{n['low_cpu_runs']} of {n['runs']} runs got less CPU than their wall time"
+        if n["unreliable"]:
+            return (f"WARNING: these figures are unreliable: the machine was busy ({measured}; {low}). "
+                    "Rerun on a quiet machine, or with more --rounds.")
+        return f"Disturbance: {measured}; {low}."
+
+    def verdict(self) -> str:
+        """One line per RECAP entry a newcomer reads at a glance, then the noise line."""
+        summ = self.summary()["overall"]
+        lines = []
+        for e in self.entries:
+            f = summ.get(e.label)
+            if f is None or e.label == "ar" or not e.name.startswith("recap"):
+                continue
+            word = "faster" if f["speedup"] >= 1.0 else "slower"
+            factor = f["speedup"] if f["speedup"] >= 1.0 else 1.0 / max(f["speedup"], 1e-9)
+            same = f["prompts"] - f["mismatches"]
+            lines.append(f"{e.label}: {factor:.2f}x {word} than greedy (interquartile "
+                         f"{f['speedup_q1']:.2f}-{f['speedup_q3']:.2f}x over {f['prompts']} prompts x "
+                         f"{self.rounds} rounds), outputs identical on {same}/{f['prompts']}")
+        return "\n".join(lines + [self.noise_line()])
 
     def save(self, folder: Path, meta: dict, plot: bool = True) -> list[Path]:
         folder.mkdir(parents=True, exist_ok=True)
         written = []
-        data = {"meta": meta, "summary": self.summary(), "runs": [asdict(r) for r in self.runs]}
+        data = {"meta": meta, "summary": self.summary(), "noise": self.noise(), "verdict": self.verdict(),
+                "runs": [asdict(r) for r in self.runs]}
         (folder / "bench.json").write_text(json.dumps(data, indent=1))
         (folder / "bench.md").write_text(self.markdown() + "\n")
         written += [folder / "bench.json", folder / "bench.md"]
@@ -266,6 +391,16 @@ class Bench:
         if plot and _plot(self.summary(), [e.label for e in self.entries], png):
             written.append(png)
         return written
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The q-quantile of sorted `values` (linear interpolation; 0.0 when empty)."""
+    if not values:
+        return 0.0
+    pos = q * (len(values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:

@@ -70,10 +70,23 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 def _load_local(path: str, dtype: str = "float32"):
-    """(model, tokenizer, encode, is_vision) of a local model folder. Vision-language models
-    get their processor; an image prompt's image goes first in the user turn."""
+    """(model, tokenizer, encode, is_vision) of a local model folder or GGUF file. Vision-language
+    models get their processor; an image prompt's image goes first in the user turn."""
     import torch
     from transformers import AutoConfig
+
+    if path.lower().endswith(".gguf"):
+        from pathlib import Path
+
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        file = Path(path)
+        if not file.is_file():
+            raise FileNotFoundError(f"--model: expected a GGUF file or a model folder, got {path!r} (no such file)")
+        tok = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+        model = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name,
+                                                     dtype=getattr(torch, dtype)).eval()
+        return model, tok, lambda messages, image: _encode(tok, messages), False
 
     from recap.adapters import is_vision_language
 
@@ -137,9 +150,10 @@ def bench(args: argparse.Namespace) -> int:
                                                              ("top_k", args.top_k)] if v is not None}}
     b = Bench(model, encode, entries, budget=args.budget, max_new_tokens=args.max_new_tokens,
               eos_token_id=tok.eos_token_id, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-              sampling=sampling, seed=args.seed)
+              sampling=sampling, seed=args.seed, rounds=args.rounds)
     print(f"{len(prompts)} prompts ({', '.join(sorted({p.set for p in prompts}))}), drafters "
-          f"{', '.join(e.label for e in b.entries)}, budget {args.budget}, {args.max_new_tokens} new tokens")
+          f"{', '.join(e.label for e in b.entries)}, budget {args.budget}, {args.max_new_tokens} new tokens, "
+          f"{args.rounds} interleaved round(s) per prompt")
     if args.memory:  # a warm start: every decoder with a persistent memory begins from the snapshot
         for dec in b.decoders.values():
             if dec.memory is not None:
@@ -148,12 +162,14 @@ def bench(args: argparse.Namespace) -> int:
         print(f"memory: started from {args.memory} ({rows} rows)")
     b.warm_up(image=next((p.image for p in prompts if p.image is not None), None))
     meta = {"model": model_name, "dtype": args.dtype, "memory": args.memory, "skip": args.skip,
-            "budget": args.budget, "max_new_tokens": args.max_new_tokens,
+            "budget": args.budget, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
             "sampling": sampling,
             "seed": args.seed,
             "prompts": len(prompts), "linear_layout": b.decoders["ar"].linear_layout_used, "machine": machine()}
     print(f"linear layout: {meta['linear_layout']}")
     b.run(prompts, progress=not args.quiet, checkpoint=Path(args.out), meta=meta)
+    print()
+    print(b.verdict())
     print()
     print(b.markdown())
     written = b.save(Path(args.out), meta)
@@ -248,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--sets", nargs="*", default=None, help="mt_bench humaneval summarisation (default: all)")
     b.add_argument("--per-set", type=int, default=None, help="prompts per data set (default: all)")
     b.add_argument("--prompts", default=None, help="a JSONL of {set, id, turns} (default: the shipped set)")
-    b.add_argument("--model", default=None, help="a local transformers model folder (default: SmolLM2-135M)")
+    b.add_argument("--model", default=None,
+                   help="a local transformers model folder or GGUF file (default: the embedded SmolLM2-135M)")
+    b.add_argument("--rounds", type=int, default=3,
+                   help="interleaved timing rounds per prompt (default 3; speedups are medians of paired ratios)")
     b.add_argument("--threads", type=int, default=None)
     b.add_argument("--skip", type=int, default=0, help="skip the first N prompts of each data set")
     b.add_argument("--memory", default=None,
