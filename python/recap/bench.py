@@ -206,7 +206,7 @@ class Bench:
         """Each persistent memory's state before a prompt (only needed with several rounds)."""
         if self.rounds == 1:
             return {}
-        saved = {}
+        saved: dict[str, Path] = {}
         for label, dec in self.decoders.items():
             if dec.memory is not None:
                 saved[label] = folder / f"{len(saved)}.recapmem"
