@@ -50,7 +50,8 @@ def test_bench_command_runs_end_to_end_on_a_gguf_file(tmp_path, capsys):
 
     gguf = str(smollm2_path() / GGUF_NAME)
     code = main(["bench", "--model", gguf, "--drafters", "recap@auto", "recap", "pld", "--sets", "summarisation",
-                 "--per-set", "1", "--max-new-tokens", "8", "--out", str(tmp_path), "--quiet"])
+                 "--per-set", "1", "--max-new-tokens", "8", "--out", str(tmp_path), "--quiet",
+                 "--page", str(tmp_path / "page.md"), "--page-title", "Tiny run"])
     assert code == 0
     out = capsys.readouterr().out
     assert "recap@auto: " in out and "than greedy (interquartile" in out and "x 3 rounds" in out
@@ -60,6 +61,9 @@ def test_bench_command_runs_end_to_end_on_a_gguf_file(tmp_path, capsys):
     assert report["meta"]["rounds"] == 3 and report["meta"]["model"].startswith(gguf)
     assert {"ar_step_spread", "low_cpu_runs", "unreliable"} <= set(report["noise"])
     assert len([r for r in report["runs"] if r["label"] == "ar"]) == 3
+    text = (tmp_path / "page.md").read_text()  # a page for docs/: what produced it, then what it measured
+    assert text.startswith("# Tiny run") and "Written by `recap bench --model" in text and "| recap@auto |" in text
+    assert "than greedy" in text and str(report["meta"]["commit"] or "unknown") in text
 
 
 def test_bench_reports_agreement_in_reduced_precision(tmp_path):

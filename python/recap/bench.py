@@ -470,6 +470,43 @@ def _progress(total: int, enabled: bool) -> Callable[[int, str], None]:
     return update
 
 
+def source_commit() -> str | None:
+    """The commit of the checkout this package runs from (None for an installed wheel), with
+    '+changes' when the working tree differs from it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("+changes" if dirty else "")
+
+
+def page(title: str, command: str, meta: dict, bench: Bench) -> str:
+    """A results page for docs/: what produced it (command, commit, machine, date), the
+    verdict and the table, as the run measured them."""
+    m = meta.get("machine", {})
+    when = time.strftime("%Y-%m-%d", time.gmtime())
+    return "\n".join([
+        f"# {title}", "",
+        f"Written by `{command}` on {when}, from commit `{meta.get('commit') or 'unknown'}`, on "
+        f"{m.get('processor', '?')} ({m.get('platform', '?')}), {m.get('threads', '?')} threads, torch "
+        f"{m.get('torch', '?')}, transformers {m.get('transformers', '?')}; model {meta.get('model', '?')}, "
+        f"{meta.get('prompts', '?')} prompts, {meta.get('max_new_tokens', '?')} new tokens, "
+        f"{meta.get('rounds', 1)} interleaved rounds per prompt.", "",
+        "Cells are tau / speedup over `ar` (the median of per-round paired ratios; its interquartile range in "
+        "the next column); prefill and step times are per request and per decoding step, wall clock; tree is "
+        "the mean number of verified nodes per step, root included.", "",
+        "```", bench.verdict(), "```", "",
+        bench.markdown(), ""])
+
+
 def machine() -> dict:
     import transformers
 

@@ -115,12 +115,17 @@ def _load_local(path: str, dtype: str = "float32"):
     return model, tok, lambda messages, image: _encode(tok, messages), False
 
 
+def argv_of(args: argparse.Namespace) -> list[str]:
+    """The command line this run was given (as parsed), for the record."""
+    return list(getattr(args, "argv", None) or sys.argv[1:])
+
+
 def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import torch
 
-    from recap.bench import Bench, Entry, machine
+    from recap.bench import Bench, Entry, machine, page, source_commit
     from recap.prompts import load_prompts
 
     entries = [Entry.parse(d) for d in args.drafters]
@@ -165,7 +170,8 @@ def bench(args: argparse.Namespace) -> int:
             "budget": args.budget, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
             "sampling": sampling,
             "seed": args.seed,
-            "prompts": len(prompts), "linear_layout": b.decoders["ar"].linear_layout_used, "machine": machine()}
+            "prompts": len(prompts), "linear_layout": b.decoders["ar"].linear_layout_used, "machine": machine(),
+            "commit": source_commit(), "command": "recap bench " + " ".join(argv_of(args))}
     print(f"linear layout: {meta['linear_layout']}")
     b.run(prompts, progress=not args.quiet, checkpoint=Path(args.out), meta=meta)
     print()
@@ -173,6 +179,10 @@ def bench(args: argparse.Namespace) -> int:
     print()
     print(b.markdown())
     written = b.save(Path(args.out), meta)
+    if args.page:
+        Path(args.page).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.page).write_text(page(args.page_title or "Benchmark", meta["command"], meta, b))
+        written.append(Path(args.page))
     if args.save_memory:
         keeper = next((d for label, d in b.decoders.items() if label.startswith("recap") and d.memory is not None),
                       None)
@@ -266,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--prompts", default=None, help="a JSONL of {set, id, turns} (default: the shipped set)")
     b.add_argument("--model", default=None,
                    help="a local transformers model folder or GGUF file (default: the embedded SmolLM2-135M)")
+    b.add_argument("--page", default=None,
+                   help="also write a results page (Markdown: the command, commit, machine, verdict and table) here")
+    b.add_argument("--page-title", default=None, help="the page's title")
     b.add_argument("--rounds", type=int, default=3,
                    help="interleaved timing rounds per prompt (default 3; speedups are medians of paired ratios)")
     b.add_argument("--threads", type=int, default=None)
@@ -304,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", default="catchup-out", help="folder for catchup.json and catchup.md")
     c.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    args.argv = (argv if argv is not None else sys.argv[1:])[1:]  # without the subcommand
     if args.command == "demo":
         return demo(args)
     if args.command == "bench":
