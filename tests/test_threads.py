@@ -1,4 +1,4 @@
-"""Concurrent requests, as the README documents them: one decoder per thread on one model,
+"""Concurrent requests, as the README documents them: one decoder or one model serving many threads,
 sharing a memory. Every output equals `generate`, and every request is seeded from its own
 prompt (checked on what the drafter received, not only on the output)."""
 
