@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recap import Drafter, RecapConfig
 from recap.drafters import DRAFTERS
+from session_spy import DrafterSpy
 from tiny_models import V, llava_inputs, text_model
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
@@ -121,47 +122,12 @@ def test_every_drafter_equals_greedy_across_requests(name, first, second, budget
             assert s.steps == s.new_tokens - 1 and s.tau == 1.0
 
 
-class DraftLog:
-    """Records every tree a decoder's sessions draft (tokens in preorder, root first)."""
-
-    def __init__(self, session, trees):
-        self._inner, self._trees = session, trees
-
-    @staticmethod
-    def install(dec):
-        trees, shared = [], dec._drafter
-
-        class Drafter:
-            def session(self, **kw):
-                return DraftLog(shared.session(**kw), trees)
-
-            def __getattr__(self, name):
-                return getattr(shared, name)
-
-        dec._drafter = Drafter()
-        return trees
-
-    def propose_into(self, tokens, *args):
-        n, deepest = self._inner.propose_into(tokens, *args)
-        self._trees.append(tokens[:n].copy())
-        return n, deepest
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return self._inner.__exit__(*exc)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
 @pytest.mark.parametrize("name", ["pld", "tr", "sam_tr", "suffix"])
 def test_peers_never_draft_image_placeholders(name):
     model, inputs = llava_inputs([5, 6], [7, 8, 7, 8, 7, 8])
     want = model.generate(**inputs, do_sample=False, max_new_tokens=24, pad_token_id=0)
     dec = recap.Decoder(model, drafter=name)
-    drafted = DraftLog.install(dec)
+    drafted = DrafterSpy.install(dec).trees
     assert dec.generate(**inputs, max_new_tokens=24).tolist() == want.tolist()
     assert 100 in inputs["input_ids"][0].tolist()  # the prompt holds placeholders to copy from
     nodes = np.concatenate([t[1:] for t in drafted])  # what was drafted (the roots are committed tokens)

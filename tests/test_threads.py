@@ -10,72 +10,31 @@ import recap
 import recap.catchup as catchup
 import torch
 from recap import RecapConfig
+from session_spy import DrafterSpy
 from tiny_models import llava_inputs, qwen_vl_inputs, text_family
 
 THREADS = 4
 
 
-class SeedLog:
-    """Wraps a decoder's drafter and records the rows each of its sessions was seeded with."""
-
-    def __init__(self, inner):
-        self._inner, self.seeded = inner, []
-
-    def session(self, **kwargs):
-        return _SessionLog(self._inner.session(**kwargs), self.seeded)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
-class _SessionLog:
-    def __init__(self, inner, seeded):
-        self._inner, self._seeded = inner, seeded
-
-    def seed(self, ids, probs):
-        self._seeded.append(np.array(ids))
-        return self._inner.seed(ids, probs)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return self._inner.__exit__(*exc)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
 def run_threads(model, requests, memory=None):
     """requests: per thread, a list of generate inputs; returns per thread (outputs, seed rows)."""
-    results = [None] * len(requests)
-    errors = []
     barrier = threading.Barrier(len(requests))
 
     def work(i):
-        try:
-            dec = recap.Decoder(model, RecapConfig(budget=12), memory=memory)
-            dec._drafter = SeedLog(dec._drafter)
-            barrier.wait()
-            outs = [dec.generate(**inputs, max_new_tokens=24, eos_token_id=None).tolist() for inputs in requests[i]]
-            results[i] = (outs, dec._drafter.seeded)
-        except Exception as e:  # noqa: BLE001 - reported below with the thread
-            errors.append((i, repr(e)))
+        dec = recap.Decoder(model, RecapConfig(budget=12), memory=memory)
+        spy = DrafterSpy.install(dec)
+        barrier.wait()
+        outs = [dec.generate(**inputs, max_new_tokens=24, eos_token_id=None).tolist() for inputs in requests[i]]
+        return outs, spy.seeded
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    return results
+    return on_threads(len(requests), work)
 
 
 def reference_seed_rows(model, inputs):
     dec = recap.Decoder(model, RecapConfig(budget=12))
-    dec._drafter = SeedLog(dec._drafter)
+    spy = DrafterSpy.install(dec)
     dec.generate(**inputs, max_new_tokens=24, eos_token_id=None)
-    return dec._drafter.seeded[0]
+    return spy.seeded[0]
 
 
 def test_decoders_on_threads_sharing_a_memory_stay_exact_and_seed_from_their_own_prompt():
