@@ -205,3 +205,16 @@ def test_pool_scopes_save_and_load(tmp_path):
         pool.save("nope", tmp_path / "x")
     with pytest.raises(ValueError, match="max_bytes"):
         MemoryPool(-1)
+
+
+@pytest.mark.parametrize("drafter", ["pld", "sam", "ar"])
+def test_a_scope_on_a_drafter_without_a_persistent_memory_changes_nothing(drafter):
+    """Drafters that keep no rows draft from the request alone: a scope is accepted (as for
+    any decoder with a pool) and holds no rows, and the output is plain greedy's."""
+    pool = MemoryPool(1 << 30)
+    dec = new_decoder(pool, drafter)
+    ids = prompt(3)
+    want = dec.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW,
+                              eos_token_id=None, pad_token_id=0)
+    assert torch.equal(dec.generate(ids, max_new_tokens=MAX_NEW, eos_token_id=None, memory_scope="A"), want)
+    assert pool.stats()["A"]["rows"] == 0

@@ -221,10 +221,10 @@ class Decoder:
             scoped = pool.scope(memory_scope, self.adapter.vocab_size, self.config.k, owner=self)
         self._prepare()
         with scoped as scope:
-            memory, calibration = (self.memory, None) if scope is None else scope
-            if memory is None:  # a drafter without a persistent memory
+            if self.memory is None:  # a drafter without a persistent memory: a scope has nothing to hold
                 session = self._drafter.session()
             else:
+                memory, calibration = (self.memory, None) if scope is None else scope
                 session = self._drafter.session(memory=memory, calibration=calibration)
             with session, self.verifying():
                 return self._generate(request, session)
