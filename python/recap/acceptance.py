@@ -73,7 +73,9 @@ class NodePicks:
         """Every (live) node's pick [T] on the device; `t` is the root's output position."""
         n = logits.shape[0]
         self._path_table(tokens, parents, depths, deepest)
-        picks = logits.argmax(dim=-1)  # nodes off every live path keep the raw argmax (never read)
+        # Acceptance reads a node's pick only when the node is accepted, and accepted nodes are
+        # live: the others keep a placeholder (on an accelerator every node is picked anyway).
+        picks = torch.zeros(n, dtype=torch.long, device=logits.device)
         if self.sync_free:
             live = np.zeros(n, dtype=bool)
             live[0] = True
