@@ -91,6 +91,25 @@ impl Drafter {
         Ok(Session { session, memory })
     }
 
+    /// Applies `f` to the default session if one is open; a session opened later starts from
+    /// the drafter's calibration, which the caller has already updated.
+    fn on_open_default(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut recap_core::DraftSession) -> recap_core::Result<()>,
+    ) -> PyResult<()> {
+        let open = self
+            .default
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.clone_ref(py));
+        match open {
+            Some(s) => f(&mut s.bind(py).try_borrow_mut()?.session).map_err(to_py),
+            None => Ok(()),
+        }
+    }
+
     /// The default session, opened on first use.
     fn default_session(&self, py: Python<'_>) -> PyResult<Py<Session>> {
         let mut slot = self.default.lock().unwrap_or_else(|e| e.into_inner());
@@ -305,12 +324,7 @@ impl Drafter {
     #[pyo3(signature = (cost))]
     fn set_cost(&self, py: Python<'_>, cost: Option<Vec<f32>>) -> PyResult<()> {
         self.inner.set_cost(cost.clone()).map_err(to_py)?;
-        self.default_session(py)?
-            .bind(py)
-            .try_borrow_mut()?
-            .session
-            .set_auto_budget(cost)
-            .map_err(to_py)
+        self.on_open_default(py, |s| s.set_auto_budget(cost))
     }
 
     /// The automatic budget for every session opened from now on (and the default session),
@@ -325,12 +339,7 @@ impl Drafter {
         self.inner
             .set_cost_points(points.clone(), seconds.clone())
             .map_err(to_py)?;
-        self.default_session(py)?
-            .bind(py)
-            .try_borrow_mut()?
-            .session
-            .set_cost_points(points, seconds)
-            .map_err(to_py)
+        self.on_open_default(py, |s| s.set_cost_points(points, seconds))
     }
 
     /// The most nodes one tree can hold, root not counted.
