@@ -157,6 +157,9 @@ class Decoder:
         """The context this decoder's passes run in (its linear layout): other generation on
         the same model can share it, e.g. to compare like with like."""
         self._prepare()
+        return self._layout_context()
+
+    def _layout_context(self):
         return self._layout if self._layout is not None else contextlib.nullcontext()
 
     # ---- hardware-aware budget ----------------------------------------------------------
@@ -169,7 +172,7 @@ class Decoder:
 
     def _calibrate(self, refresh: bool = False) -> CostModel:
         new_pass = _PassFactory(self)
-        with self._layout if self._layout is not None else contextlib.nullcontext():
+        with self._layout_context():  # not verifying(): this runs inside the first use
             self._cost = cost_model(self.model, new_pass, self._drafter.max_nodes + 1,
                                     variant=(self._layout_name(),), refresh=refresh)
         self._drafter.set_cost_points(self._cost.points, self._cost.seconds)

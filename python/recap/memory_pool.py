@@ -73,14 +73,11 @@ class MemoryPool:
     def scope(self, scope: str, vocab_size: int, k: int, owner: object = None
               ) -> Iterator[tuple[PersistentMemory, Calibration]]:
         """The scope's memory and `owner`'s budget calibration for it, for one request."""
-        memory = self._acquire(scope, vocab_size, k)
-        try:
-            with self._lock:
-                entry = self._scopes[scope]
-                calibration = entry.calibrations.setdefault(self if owner is None else owner, Calibration())
+        with self.use(scope, vocab_size, k) as memory:
+            with self._lock:  # the scope is in use, so it cannot be evicted meanwhile
+                calibration = self._scopes[scope].calibrations.setdefault(self if owner is None else owner,
+                                                                          Calibration())
             yield memory, calibration
-        finally:
-            self._release(scope)
 
     def _acquire(self, scope: str, vocab_size: int, k: int) -> PersistentMemory:
         self._check_name(scope)
