@@ -22,6 +22,8 @@ from recap import drafters
 from recap import linear_layout as layouts
 from recap._core import Calibration, PersistentMemory
 from recap.acceptance import NodePicks
+from recap.batch_budget import BatchBudget
+from recap.batch_decode import decode_batch
 from recap.adapters import ModelAdapter, adapter_for
 from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.config import RecapConfig
@@ -93,6 +95,7 @@ class Decoder:
         self._local = threading.local()  # each thread's last GenerationStats
         self._last_stats: GenerationStats | None = None
         self._cost: CostModel | None = None
+        self._batch_cost: BatchBudget | None = None
         # Construction runs no forward pass: the first use does (see _prepare).
         if linear_layout not in layouts.LAYOUTS:
             raise ValueError(f"linear_layout: expected one of {', '.join(layouts.LAYOUTS)}; got {linear_layout!r}")
@@ -184,8 +187,9 @@ class Decoder:
                  max_new_tokens: int | None = None, max_length: int | None = None,
                  eos_token_id: int | list[int] | None = UNSET, streamer: Any = None,
                  generation_config: Any = None, logits_processor: Any = None, stopping_criteria: Any = None,
-                 seed: int | None = None, memory_scope: str | None = None, **kwargs: Any) -> Any:
-        """Returns prompt + new tokens shaped [1, L] like `model.generate` (with
+                 seed: int | list[int] | None = None, memory_scope: str | list[str | None] | None = None,
+                 **kwargs: Any) -> Any:
+        """Returns prompt + new tokens shaped [B, L] like `model.generate` (with
         ``return_dict_in_generate=True``, a `recap.outputs.RecapGenerateOutput`: sequences,
         ``output_scores`` / ``output_logits`` as generate returns them, and `recap_stats`).
 
@@ -198,7 +202,14 @@ class Decoder:
         it out uses the generation config's. ``memory_scope`` names the pool scope whose
         memory this request drafts from and writes to (the decoder needs a `MemoryPool`).
         Other keywords are model inputs (pixel_values, image_grid_thw, ...); an unknown one
-        raises."""
+        raises.
+
+        A batch is input_ids [B, L] with the left-padded ``attention_mask`` a tokenizer with
+        ``padding_side="left"`` returns: every row is decoded with its own drafts in one
+        verification pass per step and equals its own generate at batch 1; rows that end
+        early are padded with the pad token, as batched generate does. ``seed`` is then one
+        int per row, or one int s giving row i the seed s + i; ``memory_scope`` one scope for
+        all rows or one per row."""
         request = from_call(self.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                             max_length=max_length, eos_token_id=eos_token_id, streamer=streamer,
                             generation_config=generation_config, logits_processor=logits_processor,
@@ -206,14 +217,28 @@ class Decoder:
         return self.run(request, memory_scope=memory_scope)
 
     @torch.no_grad()
-    def run(self, request: Request, *, memory_scope: str | None = None,
+    def run(self, request: Request, *, memory_scope: str | list[str | None] | None = None,
             pool: MemoryPool | None = None) -> Any:
         """Decodes one validated request (`recap.request`), in `memory_scope` of `pool` (the
-        decoder's own pool by default) when a scope is given."""
+        decoder's own pool by default) when a scope is given; a batch takes one scope for
+        every row or a list with one per row (None: the decoder's own memory)."""
         pool = pool if pool is not None else self.pool
-        scoped: contextlib.AbstractContextManager[tuple[PersistentMemory, Calibration] | None]
+        scopes = list(memory_scope) if isinstance(memory_scope, (list, tuple)) else [memory_scope] * request.batch
+        if len(scopes) != request.batch:
+            raise ValueError(f"memory_scope: expected one scope per row ({request.batch}), got {len(scopes)}")
+        self._prepare()
+        with contextlib.ExitStack() as stack:
+            sessions = [stack.enter_context(self._session(stack, scope, pool)) for scope in scopes]
+            stack.enter_context(self.verifying())
+            if request.padded:
+                return decode_batch(self, request, sessions)
+            return self._generate(request, sessions[0])
+
+    def _session(self, stack: contextlib.ExitStack, memory_scope: str | None, pool: MemoryPool | None):
+        """A session on this decoder's drafter, drafting from and writing to the scope's
+        memory (held by `stack` for the request) or the decoder's own."""
         if memory_scope is None:
-            scoped = contextlib.nullcontext(None)
+            scope = None
         elif pool is None:
             raise ValueError(f"memory_scope={memory_scope!r}: expected a decoder built with "
                              "memory=recap.MemoryPool(...) (or memory_pool= given to recap.generate); it has none")
@@ -221,16 +246,20 @@ class Decoder:
             raise ValueError(f"memory_scope: the {self.drafter_name!r} drafter keeps cross-request state that "
                              "scopes do not cover; use one with a persistent memory (recap, tr, tr_bf, sam_tr)")
         else:
-            scoped = pool.scope(memory_scope, self.adapter.vocab_size, self.config.k, owner=self)
-        self._prepare()
-        with scoped as scope:
-            if self.memory is None:  # a drafter without a persistent memory: a scope has nothing to hold
-                session = self._drafter.session()
-            else:
-                memory, calibration = (self.memory, None) if scope is None else scope
-                session = self._drafter.session(memory=memory, calibration=calibration)
-            with session, self.verifying():
-                return self._generate(request, session)
+            scope = stack.enter_context(pool.scope(memory_scope, self.adapter.vocab_size, self.config.k, owner=self))
+        if self.memory is None:  # a drafter without a persistent memory: a scope has nothing to hold
+            return self._drafter.session()
+        memory, calibration = (self.memory, None) if scope is None else scope
+        return self._drafter.session(memory=memory, calibration=calibration)
+
+    def _batch_budget(self, rows: int) -> BatchBudget | None:
+        """The width controller of batched steps with budget="auto" (None: fixed budgets)."""
+        if not self._auto_budget or self._cost is None:
+            return None
+        with self._prepare_lock:
+            if self._batch_cost is None:
+                self._batch_cost = BatchBudget(self._cost, self._drafter.max_nodes + 1)
+            return self._batch_cost
 
     # ---- snapshots ------------------------------------------------------------------------
     def save_memory(self, path) -> None:

@@ -3,9 +3,13 @@
 
 Generation settings go through transformers' own `GenerationConfig` and logits-processor
 and stopping-criteria factories, so every setting `generate` accepts means the same here;
-what the loop cannot do (beams, several sequences per prompt, batches, padding, an assistant
+what the loop cannot do (beams, several sequences per prompt, right padding, an assistant
 model) raises a `ValueError` naming the argument, and a keyword that is neither a generation
 setting nor a model input raises as `generate` does (a typo never passes silently).
+
+A batch is input_ids [B, L] with the attention mask a tokenizer with ``padding_side="left"``
+returns. Sampling takes one seed per row: ``seed=[s0, s1, ...]``, or one int ``s`` that gives
+row i the seed ``s + i`` (row 0 of a batch is then the same request as at batch 1).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class Request:
     attention_mask: torch.Tensor | None
     max_new: int
     eos: set[int]
-    chooser: TokenChooser
+    choosers: list[TokenChooser]  # one per row
     stopping: Any = None  # criteria beyond the length and EOS (stop strings, max_time, a user's own)
     streamer: Any = None
     streamer_has_prompt: bool = False
@@ -38,6 +42,20 @@ class Request:
     return_dict: bool = False
     output_scores: bool = False
     output_logits: bool = False
+    pad_token_id: int = 0  # what batched sequences hold after a row's end
+
+    @property
+    def chooser(self) -> TokenChooser:
+        return self.choosers[0]
+
+    @property
+    def batch(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def padded(self) -> bool:
+        """Decoded as a batch: several rows, or one row with left padding."""
+        return self.batch > 1 or (self.attention_mask is not None and not bool(self.attention_mask.all()))
 
     @property
     def keeps_rows(self) -> bool:
@@ -47,22 +65,78 @@ class Request:
 
 def _check_input_ids(model, input_ids: Any, attention_mask, model_inputs: dict) -> torch.Tensor:
     if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids: expected a torch.Tensor shaped [1, seq], got {type(input_ids).__name__}")
+        raise TypeError(f"input_ids: expected a torch.Tensor shaped [batch, seq], got {type(input_ids).__name__}")
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
     if input_ids.dim() != 2:
-        raise ValueError(f"input_ids: expected shape [1, seq], got {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"recap.Decoder supports batch size 1; got input_ids with batch size {input_ids.shape[0]}")
-    if input_ids.shape[1] == 0:
-        raise ValueError("input_ids: expected at least one prompt token, got an empty prompt")
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError("attention_mask: padding is not supported with batch size 1; got zeros in the mask")
+        raise ValueError(f"input_ids: expected shape [batch, seq], got {tuple(input_ids.shape)}")
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids: expected at least one prompt of at least one token, got shape "
+                         f"{tuple(input_ids.shape)}")
+    if attention_mask is not None:
+        _check_left_padding(input_ids, attention_mask)
     device = model.get_input_embeddings().weight.device
     for name, value in [("input_ids", input_ids), *model_inputs.items()]:
         if isinstance(value, torch.Tensor) and value.device != device:
             raise ValueError(f"{name}: expected a tensor on the model's device {device}, got one on {value.device}")
     return input_ids
+
+
+def _check_left_padding(input_ids: torch.Tensor, mask: Any) -> None:
+    """A mask of ones after leading zeros in every row (what padding_side="left" gives)."""
+    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(input_ids.shape):
+        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"attention_mask: expected a tensor shaped like input_ids {tuple(input_ids.shape)}, got {got}")
+    m = mask.to(torch.long)
+    if bool(((m != 0) & (m != 1)).any()):
+        raise ValueError("attention_mask: expected 0 (padding) and 1 (token) only")
+    for row in range(m.shape[0]):
+        ones = int(m[row].sum())
+        if ones == 0:
+            raise ValueError(f"attention_mask: row {row} has no tokens (all padding)")
+        if int(m[row, m.shape[1] - ones:].sum()) != ones:
+            raise ValueError(f"attention_mask: row {row} is not left-padded; recap decodes batches with the padding "
+                             "before each prompt (a tokenizer with padding_side='left'), got zeros after a token")
+
+
+def row_seeds(seed: Any, rows: int) -> list[int | None]:
+    """One seed per row: a list of `rows` ints as given, or one int s giving row i s + i."""
+    if seed is None:
+        return [None] * rows
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != rows or not all(isinstance(s, int) and not isinstance(s, bool) for s in seed):
+            raise ValueError(f"seed: expected one int per row ({rows}), got {seed!r}")
+        return list(seed)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed: expected an int or a list of ints (one per row), got {type(seed).__name__}")
+    return [seed + i for i in range(rows)]
+
+
+def _choosers(processors, do_sample: bool, seed: Any, rows: int) -> list[TokenChooser]:
+    return [TokenChooser(processors, do_sample, s) for s in row_seeds(seed, rows)]
+
+
+def _check_batch(input_ids: torch.Tensor, streamer, gen) -> None:
+    """What a batch cannot have: a streamer (one sequence, as generate's streamers), scores."""
+    if input_ids.shape[0] == 1:
+        return
+    if streamer is not None:
+        raise ValueError(f"streamer: streamers take one sequence; got a batch of {input_ids.shape[0]} prompts")
+    for name in ("output_scores", "output_logits"):
+        if getattr(gen, name, False):
+            raise ValueError(f"{name}=True: recap returns per-token scores for one prompt at a time; got a batch "
+                             f"of {input_ids.shape[0]} prompts")
+
+
+def _pad_token(gen, eos: set[int]) -> int:
+    pad = getattr(gen, "_pad_token_tensor", None)  # what generate pads with (set by _prepare_special_tokens)
+    if pad is None:
+        pad = getattr(gen, "pad_token_id", None)
+    if isinstance(pad, torch.Tensor):
+        pad = pad.reshape(-1)[0].item()
+    if pad is None:
+        pad = min(eos) if eos else 0  # generate pads with the (first) EOS id when no pad id is set
+    return int(pad)
 
 
 def _refuse_unsupported(gen) -> None:
@@ -148,10 +222,11 @@ def from_call(model, input_ids, attention_mask, *, max_new_tokens, max_length, e
     max_new = _max_new(prompt_len, max_new_tokens, max_length, source)
     eos = eos_set(gen.eos_token_id if eos_token_id is UNSET else eos_token_id)
     gen.max_length, gen.max_new_tokens, gen.eos_token_id = prompt_len + max_new, None, sorted(eos) or None
+    _check_batch(input_ids, streamer, gen)
     processors, stopping = _processors_and_stopping(model, gen, input_ids, model_inputs, logits_processor,
                                                     stopping_criteria, tokenizer)
-    return Request(input_ids, attention_mask, max_new, eos, TokenChooser(processors, gen.do_sample, seed),
-                   stopping, streamer, False, model_inputs, *_outputs(gen))
+    return Request(input_ids, attention_mask, max_new, eos, _choosers(processors, gen.do_sample, seed, len(input_ids)),
+                   stopping, streamer, False, model_inputs, *_outputs(gen), pad_token_id=_pad_token(gen, eos))
 
 
 def from_transformers(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
@@ -174,9 +249,11 @@ def from_transformers(model, input_ids, logits_processor, stopping_criteria, gen
     if max_new <= 0:
         raise ValueError(f"max_length: expected more than the prompt's {prompt_len} tokens, got {gen.max_length}")
     eos = eos_set(gen.eos_token_id)
-    return Request(input_ids, attention_mask, max_new, eos, TokenChooser(logits_processor, gen.do_sample, seed),
+    _check_batch(input_ids, streamer, gen)
+    return Request(input_ids, attention_mask, max_new, eos,
+                   _choosers(logits_processor, gen.do_sample, seed, len(input_ids)),
                    _beyond_length_and_eos(stopping_criteria), streamer, streamer is not None, model_kwargs,
-                   *_outputs(gen))
+                   *_outputs(gen), pad_token_id=_pad_token(gen, eos))
 
 
 def _outputs(gen) -> tuple[bool, bool, bool]:

@@ -27,6 +27,9 @@ class GenerationStats:
     #: On a model with `recap.catchup` routing: what the prefill's routing did
     #: (`RoutingStats.as_dict()`); None otherwise.
     routing: dict | None = None
+    #: A batch: its rows, and the verification passes (`steps` counts row steps).
+    rows: int = 1
+    passes: int = 0
 
     def record_step(self, tree_size: int, path_len: int, selection: tuple | None) -> None:
         """One verification step: its tree size, its accepted path (root included) and, with
@@ -46,7 +49,7 @@ class GenerationStats:
     @property
     def tau(self) -> float:
         """Committed tokens per target forward after the prefill, bonus included (plain decoding: 1.0)."""
-        return (self.new_tokens - 1) / self.steps if self.steps else 1.0
+        return (self.new_tokens - self.rows) / self.steps if self.steps else 1.0
 
     @property
     def mean_tree_size(self) -> float:
@@ -58,7 +61,7 @@ class GenerationStats:
         return sum(v for k, v in self.phase_s.items() if k != "forward")
 
     def per_step_us(self) -> dict[str, float]:
-        n = max(self.steps, 1)
+        n = max(self.passes or self.steps, 1)
         out = {k: v / n * 1e6 for k, v in self.phase_s.items()}
         out["host"] = self.host_s / n * 1e6
         return out
@@ -78,4 +81,6 @@ class GenerationStats:
             "observed_accepted": self.observed_accepted,
             "cost": self.cost,
             "routing": self.routing,
+            "rows": self.rows,
+            "passes": self.passes or self.steps,
         }

@@ -122,6 +122,10 @@ class ModelAdapter:
         """Read right after the prefill: what tree positions add to cache length + depth."""
         return 0
 
+    def position_offsets(self, rows: int) -> list[int]:
+        """Read right after a batched prefill: each row's offset (see `position_offset`)."""
+        return [self.position_offset()] * rows
+
     def position_base(self, cache_len: int, offset: int = 0) -> int:
         """What a tree node's position id adds to its depth: the cache length plus the
         family's offset (the decoder writes base + depth on the host)."""

@@ -84,6 +84,9 @@ pub struct AutoBudget {
     children: Vec<u32>,
     last: Selection,
     trees: u64,
+    /// The last ranking's cumulative optimistic and mean expectations.
+    gains: Vec<f32>,
+    expected: Vec<f32>,
 }
 
 impl AutoBudget {
@@ -100,6 +103,8 @@ impl AutoBudget {
             children: Vec::new(),
             last: Selection::default(),
             trees: 0,
+            gains: Vec::new(),
+            expected: Vec::new(),
         };
         b.set_cost(cost)?;
         Ok(b)
@@ -185,12 +190,12 @@ impl AutoBudget {
         self.cost[m - 1] + slope * (n - m) as f32
     }
 
-    /// Marks in `keep` the nodes of the best prefix (root always kept).
-    pub fn select(&mut self, tree: &DraftTree, keep: &mut Vec<bool>) {
+    /// Ranks the tree's nodes best-first by optimistic acceptance probability (a node only
+    /// after its parent, its probability capped by its parent's). Returns the cumulative
+    /// optimistic expectation: `gains[m]` is the expected accepted nodes when the first m
+    /// ranked nodes are verified (`gains[0] = 0`). `keep_ranked` then cuts the tree.
+    pub fn rank(&mut self, tree: &DraftTree) -> &[f32] {
         let n = tree.len();
-        keep.clear();
-        keep.resize(n, false);
-        keep[0] = true;
         children_csr(&tree.parents, &mut self.children_start, &mut self.children);
         self.prob.clear();
         self.prob.resize(n, 1.0);
@@ -198,6 +203,10 @@ impl AutoBudget {
         self.mean.resize(n, 1.0);
         self.order.clear();
         self.heap.clear();
+        self.gains.clear();
+        self.gains.push(0.0);
+        self.expected.clear();
+        self.expected.push(0.0);
         let push_children = |b: &mut Self, v: usize| {
             let (s, e) = (
                 b.children_start[v] as usize,
@@ -213,32 +222,51 @@ impl AutoBudget {
             }
         };
         push_children(self, 0);
-        let explore = self.trees % EXPLORE_EVERY == EXPLORE_EVERY - 1;
-        let round = (self.trees / EXPLORE_EVERY) as usize % EXPLORE_NODES.len();
-        self.trees += 1;
-        let min_keep = if explore { EXPLORE_NODES[round] } else { 0 };
         let (mut optimistic, mut expected) = (0.0f32, 0.0f32);
-        let mut best = (1.0 / self.cost_of(1), 0usize, 0.0f32);
         while let Some(f) = self.heap.pop() {
             let v = f.node as usize;
             self.order.push(f.node);
             optimistic += f.p;
             expected += self.mean[v];
-            let kept = self.order.len();
-            let rate = (1.0 + optimistic) / self.cost_of(kept + 1);
-            if rate > best.0 || kept <= min_keep {
-                best = (rate.max(best.0), kept, expected);
-            }
+            self.gains.push(optimistic);
+            self.expected.push(expected);
             push_children(self, v);
         }
-        for &v in &self.order[..best.1] {
+        &self.gains
+    }
+
+    /// Marks in `keep` the root and the first `m` nodes of the last ranking (of a tree of
+    /// `n` nodes), and records the selection.
+    pub fn keep_ranked(&mut self, m: usize, n: usize, keep: &mut Vec<bool>) {
+        let m = m.min(self.order.len());
+        keep.clear();
+        keep.resize(n, false);
+        keep[0] = true;
+        for &v in &self.order[..m] {
             keep[v as usize] = true;
         }
         self.last = Selection {
             offered: n - 1,
-            kept: best.1,
-            expected: best.2,
+            kept: m,
+            expected: self.expected[m],
         };
+    }
+
+    /// Marks in `keep` the nodes of the best prefix (root always kept).
+    pub fn select(&mut self, tree: &DraftTree, keep: &mut Vec<bool>) {
+        self.rank(tree);
+        let explore = self.trees % EXPLORE_EVERY == EXPLORE_EVERY - 1;
+        let round = (self.trees / EXPLORE_EVERY) as usize % EXPLORE_NODES.len();
+        self.trees += 1;
+        let min_keep = if explore { EXPLORE_NODES[round] } else { 0 };
+        let mut best = (1.0 / self.cost_of(1), 0usize);
+        for kept in 1..self.gains.len() {
+            let rate = (1.0 + self.gains[kept]) / self.cost_of(kept + 1);
+            if rate > best.0 || kept <= min_keep {
+                best = (rate.max(best.0), kept);
+            }
+        }
+        self.keep_ranked(best.1, tree.len(), keep);
     }
 
     /// Learns from a verified tree: `on_path` lists the accepted node indices.
@@ -341,6 +369,29 @@ mod tests {
         let s = b.last();
         let chosen: f32 = probs[..s.kept].iter().sum();
         assert!(((1.0 + chosen) / cost[s.kept] - best).abs() < 1e-5);
+    }
+
+    #[test]
+    fn a_ranked_prefix_is_a_subtree_with_the_gain_it_was_ranked_at() {
+        let t = chain(6);
+        let mut b = AutoBudget::new(vec![1.0; 16]).unwrap();
+        let gains = b.rank(&t).to_vec();
+        assert_eq!(gains.len(), t.len()); // one entry per prefix length, 0 included
+        assert!(gains.windows(2).all(|w| w[1] >= w[0]));
+        let mut keep = Vec::new();
+        for m in 0..t.len() {
+            b.keep_ranked(m, t.len(), &mut keep);
+            assert_eq!(keep.iter().filter(|&&k| k).count(), m + 1);
+            for i in 1..t.len() {
+                if keep[i] {
+                    assert!(keep[t.parents[i] as usize], "m={m}: node {i} kept without its parent");
+                }
+            }
+            assert_eq!(b.last().kept, m);
+        }
+        // The likely chain ranks before the unlikely sibling.
+        b.keep_ranked(6, t.len(), &mut keep);
+        assert!(keep[..7].iter().all(|&k| k) && !keep[7]);
     }
 
     #[test]

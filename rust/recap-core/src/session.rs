@@ -30,6 +30,8 @@ pub struct DraftSession {
     home: Option<Calibration>,
     /// A request has begun and not yet been handed back.
     open: bool,
+    /// `propose_ranked` drafted a tree that `cut_ranked` has not cut yet.
+    ranked: bool,
 }
 
 /// Steps between refreshes of the curve the automatic budget reads.
@@ -50,6 +52,7 @@ impl DraftSession {
             keep: Vec::new(),
             home: None,
             open: false,
+            ranked: false,
         })
     }
 
@@ -164,6 +167,7 @@ impl DraftSession {
         self.history.clear();
         self.history.extend_from_slice(context);
         self.awaiting_verification = false;
+        self.ranked = false;
         self.drafter.begin_request(context);
         self.open = true;
         Ok(())
@@ -192,11 +196,51 @@ impl DraftSession {
         if self.history.is_empty() {
             return Err(Error::InvalidState("propose called before begin".into()));
         }
+        self.ranked = false;
         self.drafter.propose(&self.history, &mut self.tree);
         if let Some(b) = &mut self.auto_budget {
             b.select(&self.tree, &mut self.keep);
             self.tree.retain(&self.keep);
         }
+        self.awaiting_verification = true;
+        Ok(&self.tree)
+    }
+
+    /// Drafts the next tree without cutting it and ranks its nodes for a caller that sizes
+    /// several requests' trees together (a batch): returns the cumulative expected accepted
+    /// nodes of the ranked prefixes (`gains[m]` with m nodes kept; see `AutoBudget::rank`).
+    /// `cut_ranked` then keeps a prefix. Needs the automatic budget.
+    pub fn propose_ranked(&mut self) -> Result<&[f32]> {
+        if self.history.is_empty() {
+            return Err(Error::InvalidState(
+                "propose_ranked called before begin".into(),
+            ));
+        }
+        let Some(b) = self.auto_budget.as_mut() else {
+            return Err(Error::InvalidState(
+                "propose_ranked needs the automatic budget (set_cost or set_cost_points first)"
+                    .into(),
+            ));
+        };
+        self.drafter.propose(&self.history, &mut self.tree);
+        self.awaiting_verification = false;
+        self.ranked = true;
+        Ok(b.rank(&self.tree))
+    }
+
+    /// Keeps the root and the first `nodes` ranked nodes of the tree `propose_ranked` drafted.
+    pub fn cut_ranked(&mut self, nodes: usize) -> Result<&DraftTree> {
+        let b = match (self.ranked, self.auto_budget.as_mut()) {
+            (true, Some(b)) => b,
+            _ => {
+                return Err(Error::InvalidState(
+                    "cut_ranked called without a ranked tree (call propose_ranked first)".into(),
+                ))
+            }
+        };
+        b.keep_ranked(nodes, self.tree.len(), &mut self.keep);
+        self.tree.retain(&self.keep);
+        self.ranked = false;
         self.awaiting_verification = true;
         Ok(&self.tree)
     }

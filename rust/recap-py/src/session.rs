@@ -264,6 +264,48 @@ impl Session {
         step::write_tree(self.session.tree(), bufs, masked, position_base)
     }
 
+    /// Drafts the next tree without cutting it, for a caller that sizes several sessions'
+    /// trees together (a batch): returns the cumulative expected accepted nodes of its
+    /// best-first prefixes, float32 [offered + 1] (`gains[m]`: m nodes kept). Needs the
+    /// automatic budget (`set_cost` / `set_cost_points`). `cut_into` keeps a prefix.
+    fn propose_ranked<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let session = &mut self.session;
+        let gains = py
+            .detach(|| session.propose_ranked().map(|g| g.to_vec()))
+            .map_err(to_py)?;
+        Ok(gains.into_pyarray(py))
+    }
+
+    /// Keeps the root and the first `nodes` ranked nodes of the tree `propose_ranked`
+    /// drafted and writes it into the caller's buffers as `propose_into` does. Returns (T,
+    /// the deepest node's depth).
+    #[pyo3(signature = (nodes, tokens, parents, depths, positions, block, masked, position_base = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn cut_into(
+        &mut self,
+        py: Python<'_>,
+        nodes: usize,
+        tokens: PyReadwriteArray1<'_, i64>,
+        parents: PyReadwriteArray1<'_, i64>,
+        depths: PyReadwriteArray1<'_, i64>,
+        positions: PyReadwriteArray1<'_, i64>,
+        block: PyReadwriteArray1<'_, f32>,
+        masked: f32,
+        position_base: i64,
+    ) -> PyResult<(usize, i64)> {
+        let session = &mut self.session;
+        py.detach(|| session.cut_ranked(nodes).map(|_| ()))
+            .map_err(to_py)?;
+        let bufs = step::TreeBuffers {
+            tokens,
+            parents,
+            depths,
+            positions,
+            block,
+        };
+        step::write_tree(self.session.tree(), bufs, masked, position_base)
+    }
+
     /// `observe` on the verifier's packed output [T, 1 + 2k] as it comes from the device
     /// (column 0 the argmax, then k top ids, then k top probabilities). With the automatic
     /// budget, `forward_s` (this pass) and `host_s` (the host work of the step before) feed

@@ -21,6 +21,13 @@ class QwenVL(ModelAdapter):
         deltas = getattr(self.model.model, "rope_deltas", None)
         return 0 if deltas is None else int(deltas.reshape(-1)[0])
 
+    def position_offsets(self, rows: int) -> list[int]:
+        deltas = getattr(self.model.model, "rope_deltas", None)
+        if deltas is None:
+            return [0] * rows
+        flat = deltas.reshape(-1).tolist()
+        return [int(d) for d in flat] if len(flat) == rows else [int(flat[0])] * rows
+
 
     def visual_grid(self, n: int, model_inputs: dict, visual_index: torch.Tensor | None = None) -> torch.Tensor:
         """Every image's (t, h, w) patch grid, merged spatial_merge_size x spatial_merge_size:

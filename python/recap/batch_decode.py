@@ -1,0 +1,164 @@
+"""A batch of prompts decoded together: one verification pass per step for every row.
+
+prompts (left-padded) -> one prefill -> each row's first token -> loop {
+    each row's session drafts its tree (`recap.batch_budget` sizes them) -> one forward over
+    all trees (`recap.batch_pass`) -> each row's picks and acceptance (its own session) ->
+    one compaction for all rows -> rows that stopped leave the batch }.
+
+Row i's tokens are the tokens its own `generate` at batch 1 gives (and batched `generate`'s
+row i): each row has its own session, tree, positions and mask, so nothing of another row
+enters its computation except through the shape of the pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from recap.acceptance import NodePicks
+from recap.batch_budget import BatchBudget
+from recap.batch_pass import BatchTreePass
+from recap.model_state import state_of
+from recap.outputs import RecapGenerateOutput
+from recap.stats import GenerationStats
+
+
+class _Row:
+    """One prompt of the batch: its session, its tokens so far and how it picks them."""
+
+    def __init__(self, index: int, prompt: list[int], padded: list[int], session, chooser) -> None:
+        self.index, self.prompt, self.padded = index, prompt, padded
+        self.session, self.chooser = session, chooser
+        self.out: list[int] = []
+        self.picks: NodePicks | None = None
+
+
+def decode_batch(decoder, req, sessions: list) -> Any:
+    """Decodes the rows of `req` (a batched `recap.request.Request`) on their `sessions`."""
+    stats = GenerationStats(rows=req.batch)
+    decoder._local.stats = decoder._last_stats = stats
+    t_start = time.perf_counter()
+    adapter, k = decoder.adapter, decoder.config.k
+    ids, mask = req.input_ids, req.attention_mask
+    max_nodes = sessions[0].max_nodes
+    capacity = ids.shape[1] + min(req.max_new, 1 << 16) + max_nodes + 1
+    tp = BatchTreePass(adapter, req.batch, max_nodes, capacity, k)
+    shared = state_of(decoder.model).prefill_lock if adapter.keeps_request_state else contextlib.nullcontext()
+    with shared:
+        adapter.before_prefill()
+        last, seeds = tp.prefill(ids, mask, req.model_inputs, seed_rows=decoder._seeds)
+    pads = tp.pad.tolist()
+    rows = []
+    for b in range(req.batch):
+        padded = ids[b].tolist()
+        rows.append(_Row(b, padded[pads[b]:], padded, sessions[b], req.choosers[b]))
+    keep = []
+    for b, row in enumerate(rows):
+        first = row.chooser.choose(row.padded, last[b], 0)
+        row.out.append(first)
+        if not _finished(decoder, req, row, first):
+            row.session.begin(np.asarray(row.prompt + [first], dtype=np.int64))
+            row.session.seed(*seeds[b])
+            if not row.chooser.plain_greedy:
+                row.picks = NodePicks(row.chooser, row.padded + row.out, capacity, max_nodes, tp.device)
+            keep.append(b)
+    stats.prefill_s = time.perf_counter() - t_start
+    active = [rows[b] for b in keep]
+    if len(keep) < req.batch:
+        tp.drop(np.asarray(keep, dtype=np.int64))
+    budget = decoder._batch_budget(len(active)) if active else None
+    while active:
+        active = _step(decoder, req, tp, active, stats, budget, k)
+    for row in rows:
+        row.session.finish()
+    stats.new_tokens = sum(len(r.out) for r in rows)
+    stats.total_s = time.perf_counter() - t_start
+    sequences = _sequences(req, rows)
+    if not req.return_dict:
+        return sequences
+    return RecapGenerateOutput(sequences=sequences, recap_stats=stats.as_dict())
+
+
+def _step(decoder, req, tp: BatchTreePass, active: list[_Row], stats: GenerationStats,
+          budget: BatchBudget | None, k: int) -> list[_Row]:
+    """One pass for every active row; returns the rows still decoding."""
+    phase = stats.phase_s
+    t0 = time.perf_counter()
+    if budget is not None:  # one width for the batch, from every row's ranked drafts
+        width = budget.width([row.session.propose_ranked() for row in active])
+        for j, row in enumerate(active):
+            tp.cut(j, row.session, width - 1)
+    else:
+        for j, row in enumerate(active):
+            tp.draft(j, row.session)
+    t1 = time.perf_counter()
+    tokens, positions, mask, t = tp.upload()
+    t2 = time.perf_counter()
+    logits = tp.forward(tokens, positions, mask)
+    ta = time.perf_counter()
+    pred = _picks(tp, active, logits)
+    tb = time.perf_counter()
+    packed = tp.packed(logits, pred)
+    t3 = time.perf_counter()
+    if budget is not None:
+        budget.observe(len(active), t, t3 - t2)
+    paths, done = [], []
+    for j, row in enumerate(active):
+        n = int(tp.sizes[j])
+        path, committed = row.session.observe_packed(packed[j, :n], k)
+        paths.append(path)
+        stats.record_step(n, len(path), None)
+        new = committed.tolist()
+        stop = False
+        for i, tok in enumerate(new):
+            row.out.append(tok)
+            if _finished(decoder, req, row, tok):
+                new, stop = new[:i + 1], True
+                break
+        if row.picks is not None:
+            row.picks.commit(new)
+        done.append(stop)
+    t4 = time.perf_counter()
+    tp.compact(paths, t)
+    still = [j for j, d in enumerate(done) if not d]
+    if len(still) < len(active):
+        tp.drop(np.asarray(still, dtype=np.int64))
+    t5 = time.perf_counter()
+    stats.passes += 1
+    for name, dt in (("draft", t1 - t0), ("pack", t2 - t1), ("forward", (ta - t2) + (t3 - tb)),
+                     ("pick", tb - ta), ("update", t4 - t3), ("compact", t5 - t4)):
+        phase[name] += dt
+    return [active[j] for j in still]
+
+
+def _picks(tp: BatchTreePass, active: list[_Row], logits: torch.Tensor) -> torch.Tensor | None:
+    """Each row's node picks [B, T] under sampling or processors (None: every row is plain greedy)."""
+    if all(row.picks is None for row in active):
+        return None
+    pred = logits.argmax(dim=-1)
+    for j, row in enumerate(active):
+        if row.picks is not None:
+            n = int(tp.sizes[j])
+            depths = tp.depths[j, :n]
+            pred[j, :n] = row.picks.pick(logits[j, :n], tp.tokens[j, :n], tp.parents[j, :n], depths,
+                                         int(depths.max()), len(row.out))
+    return pred
+
+
+def _finished(decoder, req, row: _Row, tok: int) -> bool:
+    return tok in req.eos or len(row.out) >= req.max_new or decoder._stop(req, row.padded, row.out)
+
+
+def _sequences(req, rows: list[_Row]) -> torch.Tensor:
+    """[B, L + longest output]: each row's padded prompt and output, then the pad token, as
+    batched `generate` returns them."""
+    longest = max(len(r.out) for r in rows)
+    out = torch.full((len(rows), req.input_ids.shape[1] + longest), req.pad_token_id, dtype=req.input_ids.dtype)
+    out[:, : req.input_ids.shape[1]] = req.input_ids.cpu()
+    for b, row in enumerate(rows):
+        out[b, req.input_ids.shape[1]: req.input_ids.shape[1] + len(row.out)] = torch.tensor(row.out)
+    return out.to(req.input_ids.device)

@@ -1,0 +1,266 @@
+"""The tree pass of a batch: B rows, each with its own draft tree, verified in one forward.
+
+Layout. The KV slab (`recap.kv_cache`) holds [layers, B, heads, capacity, head_dim]. Row b's
+committed entries are the columns [0, past[b]): its left padding [0, pad[b]) (masked for
+ever), then its real tokens. Rows commit different numbers of tokens per step, so their
+lengths are ragged; the cache's common length W is the longest row's, and the columns
+[past[b], W) of a shorter row are holes, masked. Every step writes each row's tree at the
+columns [W, W + T), T the largest tree of the step (a smaller tree is padded with nodes that
+see only themselves; their logits are never read). Compaction moves each row's accepted
+nodes to [past[b], past[b] + accepted) in one gather and one write for all rows and layers.
+
+Positions are per row: a node's position id is the row's real length (its committed tokens
+without padding) + depth + the family's per-row offset (M-RoPE), which is the id batched
+`generate` gives the same token. Sliding-window layers mask keys by the same real index.
+
+Rows that finish leave the batch (`drop`): one copy of the cache's kept rows, after which
+they cost nothing; kept in, a finished row would cost T tokens of every later pass.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from recap.kv_cache import SlabCache, SlabLayer
+from recap.step_buffers import masked_value
+from recap.tree_pass import PREFILL_SEED_CHUNK
+
+
+def _zero_padding(pads: torch.Tensor, thread: int):
+    """A decoder-layer hook that zeroes the hidden states at padding positions. Padding
+    queries see no key, and some attention implementations (eager, with a sliding window)
+    turn such rows into NaN, which the next layer's keys and values would carry into every
+    row (a masked weight is 0, but 0 x NaN is NaN). Real tokens never attend to padding, so
+    their states are unchanged."""
+
+    def hook(_m, _i, out):
+        if threading.get_ident() != thread:
+            return None
+        hidden = out[0] if isinstance(out, tuple) else out
+        if hidden.shape[:2] != pads.shape:
+            return None
+        hidden = hidden.masked_fill(pads.unsqueeze(-1).to(hidden.device), 0.0)
+        return (hidden, *out[1:]) if isinstance(out, tuple) else hidden
+
+    return hook
+
+
+class BatchTreePass:
+    """The verification machinery of one batched request (see the module doc)."""
+
+    def __init__(self, adapter, rows: int, max_nodes: int, capacity: int, k: int = 8) -> None:
+        self.adapter, self.model, self.k = adapter, adapter.model, k
+        self.device = adapter.lm_head.weight.device
+        self.max_nodes = max_nodes
+        t = max_nodes + 1
+        self.cache = SlabCache(len(adapter.layer_types), capacity, index_slots=rows * t, device=self.device)
+        self.masked = masked_value(adapter.dtype)
+        self.window = adapter.sliding_window
+        # Host buffers the sessions draft into, one row each (rows of C-contiguous arrays).
+        self.tokens = np.zeros((rows, t), dtype=np.int64)
+        self.parents = np.zeros((rows, t), dtype=np.int64)
+        self.depths = np.zeros((rows, t), dtype=np.int64)
+        self.positions = np.zeros((rows, t), dtype=np.int64)
+        self.blocks = np.zeros((rows, t * t), dtype=np.float32)
+        self.sizes = np.ones(rows, dtype=np.int64)  # each row's tree size this step
+        self.past = np.zeros(rows, dtype=np.int64)  # committed columns per row, padding included
+        self.pad = np.zeros(rows, dtype=np.int64)
+        self.offsets = np.zeros(rows, dtype=np.int64)  # the family's per-row position offset
+        self.width = 0  # the cache's common length W
+        self._cols = torch.arange(max(capacity, t) + t, device=self.device)
+
+    @property
+    def rows(self) -> int:
+        return len(self.past)
+
+    # ---- the prompt ---------------------------------------------------------------------------
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, model_inputs: dict,
+                seed_rows: bool = True) -> tuple[torch.Tensor, list[tuple[np.ndarray, np.ndarray]]]:
+        """Runs the left-padded prompts with the position ids batched `generate` gives them;
+        returns the last position's logits [B, V] and each row's seed rows (its real tokens'
+        top-K, as (ids, probs))."""
+        captured: list[torch.Tensor] = []
+        norm = self.adapter.final_norm if seed_rows else None
+        me = threading.get_ident()
+
+        def capture(_m, _i, o):
+            if threading.get_ident() == me:
+                captured.append(o)
+
+        inputs = dict(model_inputs)
+        if "position_ids" not in inputs:
+            inputs["position_ids"] = self.model._prepare_position_ids_for_generation(
+                input_ids, {"attention_mask": attention_mask, **inputs})
+        handles = [norm.register_forward_hook(capture)] if norm is not None else []
+        pads = attention_mask == 0
+        if bool(pads.any()):
+            handles += [layer.register_forward_hook(_zero_padding(pads, me)) for layer in self.adapter.decoder_layers]
+        try:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             **{self.adapter.cache_keyword: self.cache}, use_cache=True, logits_to_keep=1,
+                             **inputs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        length = input_ids.shape[1]
+        self.pad[:] = (attention_mask == 0).sum(dim=1).cpu().numpy()
+        self.past[:] = length
+        self.width = length
+        self.offsets[:] = self.adapter.position_offsets(self.rows)
+        hidden = captured[-1] if captured else None
+        seeds = [self._seed_rows(None if hidden is None else hidden[b, int(self.pad[b]):]) for b in range(self.rows)]
+        return out.logits[:, -1], seeds
+
+    def _seed_rows(self, hidden: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+        k = self.k
+        if hidden is None or hidden.shape[0] == 0:
+            return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
+        head = self.adapter.lm_head
+        ids, probs = [], []
+        for s in range(0, hidden.shape[0], PREFILL_SEED_CHUNK):
+            p, i = torch.softmax(head(hidden[s:s + PREFILL_SEED_CHUNK]).float(), dim=-1).topk(k, dim=-1)
+            ids.append(i)
+            probs.append(p)
+        return (torch.cat(ids).cpu().numpy().astype(np.int64), torch.cat(probs).cpu().numpy().astype(np.float32))
+
+    # ---- drafting ------------------------------------------------------------------------------
+    def position_base(self, b: int) -> int:
+        """Row b's root position id: its real length in the cache, plus the family's offset."""
+        return self.adapter.position_base(int(self.past[b] - self.pad[b]), int(self.offsets[b]))
+
+    def draft(self, b: int, session) -> int:
+        """Row b's next tree into its buffers; returns its size."""
+        n, _ = session.propose_into(self.tokens[b], self.parents[b], self.depths[b], self.positions[b],
+                                    self.blocks[b], self.masked, self.position_base(b))
+        self.sizes[b] = n
+        return n
+
+    def cut(self, b: int, session, nodes: int) -> int:
+        """Row b's ranked tree (`Session.propose_ranked`) cut to its best `nodes` nodes, into
+        its buffers; returns its size."""
+        n, _ = session.cut_into(nodes, self.tokens[b], self.parents[b], self.depths[b], self.positions[b],
+                                self.blocks[b], self.masked, self.position_base(b))
+        self.sizes[b] = n
+        return n
+
+    # ---- one verification pass ----------------------------------------------------------------
+    def upload(self) -> tuple[torch.Tensor, torch.Tensor, object, int]:
+        """(tokens [B, T], position ids [B, T], mask, T) of the loaded trees on the device."""
+        rows, t = self.rows, int(self.sizes.max())
+        block = np.full((rows, t, t), self.masked, dtype=np.float32)
+        tokens = np.empty((rows, t), dtype=np.int64)
+        positions = np.empty((rows, t), dtype=np.int64)
+        depths = np.zeros((rows, t), dtype=np.int64)
+        diag = np.arange(t)
+        for b in range(rows):
+            n = int(self.sizes[b])
+            block[b, :n, :n] = self.blocks[b, : n * n].reshape(n, n)
+            block[b, diag[n:], diag[n:]] = 0.0  # padding nodes see only themselves
+            tokens[b, :n], tokens[b, n:] = self.tokens[b, :n], self.tokens[b, 0]
+            positions[b, :n], positions[b, n:] = self.positions[b, :n], self.positions[b, 0]
+            depths[b, :n] = self.depths[b, :n]
+        dev = self.device
+        block_t = torch.from_numpy(block).to(dev, self.adapter.dtype)  # the mask takes the model's dtype
+        return (torch.from_numpy(tokens).to(dev), torch.from_numpy(positions).to(dev),
+                self.masks(block_t, torch.from_numpy(depths).to(dev), t), t)
+
+    def masks(self, block: torch.Tensor, depths: torch.Tensor, t: int):
+        """[B, 1, T, W + T] additive: each row's own committed columns, then its tree block;
+        for sliding-window layers also the keys outside each node's window. One per layer
+        type for models with both."""
+        w, masked = self.width, self.masked
+        cols = self._cols[:w]
+        past = torch.from_numpy(self.past).to(self.device).unsqueeze(1)
+        pad = torch.from_numpy(self.pad).to(self.device).unsqueeze(1)
+        seen = (cols.unsqueeze(0) >= pad) & (cols.unsqueeze(0) < past)  # [B, W]
+        prefix = torch.where(seen, 0.0, masked).to(block.dtype)
+        full = torch.cat([prefix.unsqueeze(1).expand(-1, t, -1), block], dim=-1).unsqueeze(1)
+        types = self.adapter.mask_types
+        if self.window is None:
+            return full
+        # Key column c of row b has real index c - pad; node i's is past - pad + depth[i]; a key
+        # is inside the window when its index > the node's - window.
+        win = self.window
+        lo = (past + depths - win).unsqueeze(-1)  # [B, T, 1]: committed keys at or before lo fall out
+        out_prefix = cols.view(1, 1, -1) <= lo
+        out_tree = depths.unsqueeze(1) <= depths.unsqueeze(2) - win  # [B, T(query), T(key)]
+        sliding = full.clone()
+        sliding[:, 0, :, :w].masked_fill_(out_prefix, masked)
+        sliding[:, 0, :, w:].masked_fill_(out_tree, masked)
+        if len(types) == 1:
+            return sliding if types[0] == "sliding_attention" else full
+        return {"full_attention": full, "sliding_attention": sliding}
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
+        """Logits [B, T, V] of the loaded trees after each row's committed prefix."""
+        kw = {self.adapter.cache_keyword: self.cache, "use_cache": True}
+        return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits
+
+    def packed(self, logits: torch.Tensor, pred: torch.Tensor | None = None) -> np.ndarray:
+        """[B, T, 1 + 2k]: each node's pick (the argmax unless `pred` [B, T] gives them),
+        top-k ids and probabilities, in one transfer."""
+        pred = logits.argmax(dim=-1) if pred is None else pred
+        probs, ids = torch.softmax(logits.float(), dim=-1).topk(self.k, dim=-1)
+        dt = torch.float32 if logits.shape[-1] < (1 << 24) else torch.float64
+        return torch.cat([pred.unsqueeze(-1).to(dt), ids.to(dt), probs.to(dt)], dim=-1).cpu().numpy()
+
+    # ---- after the pass -------------------------------------------------------------------------
+    def compact(self, paths: list[np.ndarray], t: int) -> None:
+        """Row b keeps its root and accepted nodes `paths[b]` (tree indices, 0 first) of the
+        trees just written at [W, W + T): they move to [past[b], past[b] + len) in one gather
+        and one write; the cache's common length becomes the longest row's."""
+        w = self.width
+        rows = np.concatenate([np.full(len(p), b, dtype=np.int64) for b, p in enumerate(paths)])
+        src = np.concatenate([w + p for p in paths])
+        dst = np.concatenate([self.past[b] + np.arange(len(p)) for b, p in enumerate(paths)])
+        moved = src != dst
+        if moved.any():
+            self._move(rows[moved], src[moved], dst[moved])
+        self.past += np.array([len(p) for p in paths], dtype=np.int64)
+        self.width = int(self.past.max())
+        self._set_length(self.width)
+
+    def _buffers(self):
+        """(keys, values, the batch dimension) for every buffer of the slab."""
+        slab = self.cache.slab
+        if slab.keys is not None and slab.values is not None:
+            yield slab.keys, slab.values, 1
+        for layer in slab.layers:
+            if layer.own_keys is not None and layer.own_values is not None:
+                yield layer.own_keys, layer.own_values, 0
+
+    def _move(self, rows: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
+        r, s, d = (torch.from_numpy(x).to(self.device) for x in (rows, src, dst))
+        for keys, values, bdim in self._buffers():
+            for buf in (keys, values):
+                if bdim == 1:
+                    buf[:, r, :, d] = buf[:, r, :, s]  # the gather is made before the write
+                else:
+                    buf[r, :, d] = buf[r, :, s]
+
+    def _set_length(self, length: int) -> None:
+        slab = self.cache.slab
+        slab.lengths[slab.attached] = length
+        if length + self.max_nodes + 1 > slab.capacity:
+            slab.grow(length + self.max_nodes + 1)
+        if self._cols.shape[0] < slab.capacity + self.max_nodes + 1:
+            self._cols = torch.arange(2 * slab.capacity, device=self.device)
+
+    def drop(self, keep: np.ndarray) -> None:
+        """Keeps only the rows `keep` (indices, increasing): one copy of their cache entries."""
+        if len(keep) == 0:
+            return  # the batch has ended: nothing to keep
+        idx = torch.from_numpy(keep).to(self.device)
+        slab = self.cache.slab
+        if slab.keys is not None and slab.values is not None:
+            slab.keys, slab.values = slab.keys.index_select(1, idx), slab.values.index_select(1, idx)
+        for layer in slab.layers:
+            if isinstance(layer, SlabLayer) and layer.own_keys is not None and layer.own_values is not None:
+                layer.own_keys, layer.own_values = layer.own_keys.index_select(0, idx), layer.own_values.index_select(0, idx)
+        for name in ("tokens", "parents", "depths", "positions", "blocks", "sizes", "past", "pad", "offsets"):
+            setattr(self, name, np.ascontiguousarray(getattr(self, name)[keep]))
+        self.width = int(self.past.max())
+        self._set_length(self.width)
