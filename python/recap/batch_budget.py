@@ -15,8 +15,8 @@ row and pass, as batched greedy decoding).
 
 c_B(T) starts from the decoder's measured cost curve at B x T total tokens (linear beyond its
 last point) and is corrected online by the ratio of each step's measured pass time to that
-prior, per batch size and width (the ratio of the nearest width at that batch size before a
-width is observed).
+prior, per batch size and width (interpolated between the widths observed at that batch
+size, and the nearest one's beyond them).
 """
 
 from __future__ import annotations
@@ -58,8 +58,7 @@ class BatchBudget:
         if seen:
             known = np.array(sorted(seen))
             ratios = np.array([seen[w] for w in known])
-            nearest = np.abs(widths[:, None] - known[None, :]).argmin(axis=1)
-            cost = cost * ratios[nearest]
+            cost = cost * np.interp(widths, known, ratios)  # constant beyond the observed widths
         return cost
 
     def width(self, gains: list[np.ndarray]) -> int:
