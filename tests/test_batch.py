@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import recap
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_models import TEXT_FAMILIES, gemma3_vl_inputs, llava_inputs, qwen_vl_inputs, text_family
-
-import recap
 from recap.batch_budget import BatchBudget
 from recap.budget import CostModel
+from tiny_models import TEXT_FAMILIES, gemma3_vl_inputs, llava_inputs, qwen_vl_inputs, text_family
 
 PAD = 0
 NEW = 40

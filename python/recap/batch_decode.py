@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -80,7 +80,7 @@ def decode_batch(decoder, req, sessions: list) -> Any:
     sequences = _sequences(req, rows)
     if not req.return_dict:
         return sequences
-    return RecapGenerateOutput(sequences=sequences, recap_stats=stats.as_dict())
+    return RecapGenerateOutput(sequences=cast(torch.LongTensor, sequences), recap_stats=stats.as_dict())
 
 
 def _step(decoder, req, tp: BatchTreePass, active: list[_Row], stats: GenerationStats,

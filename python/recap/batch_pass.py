@@ -259,7 +259,8 @@ class BatchTreePass:
             slab.keys, slab.values = slab.keys.index_select(1, idx), slab.values.index_select(1, idx)
         for layer in slab.layers:
             if isinstance(layer, SlabLayer) and layer.own_keys is not None and layer.own_values is not None:
-                layer.own_keys, layer.own_values = layer.own_keys.index_select(0, idx), layer.own_values.index_select(0, idx)
+                layer.own_keys = layer.own_keys.index_select(0, idx)
+                layer.own_values = layer.own_values.index_select(0, idx)
         for name in ("tokens", "parents", "depths", "positions", "blocks", "sizes", "past", "pad", "offsets"):
             setattr(self, name, np.ascontiguousarray(getattr(self, name)[keep]))
         self.width = int(self.past.max())

@@ -20,11 +20,11 @@ import torch
 
 from recap import drafters
 from recap import linear_layout as layouts
-from recap._core import Calibration, PersistentMemory
+from recap._core import PersistentMemory
 from recap.acceptance import NodePicks
+from recap.adapters import ModelAdapter, adapter_for
 from recap.batch_budget import BatchBudget
 from recap.batch_decode import decode_batch
-from recap.adapters import ModelAdapter, adapter_for
 from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.config import RecapConfig
 from recap.conformance import probe
