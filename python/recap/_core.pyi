@@ -74,6 +74,12 @@ class _SingleStream:
         self, tokens: npt.NDArray[np.int64], parents: npt.NDArray[np.int64], depths: npt.NDArray[np.int64],
         positions: npt.NDArray[np.int64], block: npt.NDArray[np.float32], masked: float, position_base: int = 0,
     ) -> tuple[int, int]: ...
+    def propose_ranked(self) -> npt.NDArray[np.float32]: ...
+    def cut_into(
+        self, nodes: int, tokens: npt.NDArray[np.int64], parents: npt.NDArray[np.int64],
+        depths: npt.NDArray[np.int64], positions: npt.NDArray[np.int64], block: npt.NDArray[np.float32],
+        masked: float, position_base: int = 0,
+    ) -> tuple[int, int]: ...
     def observe_packed(
         self, packed: npt.NDArray[np.float32] | npt.NDArray[np.float64], k: int, forward_s: float | None = None,
         host_s: float | None = None,
