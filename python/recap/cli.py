@@ -120,6 +120,58 @@ def argv_of(args: argparse.Namespace) -> list[str]:
     return list(getattr(args, "argv", None) or sys.argv[1:])
 
 
+def _interleaved(prompts: list) -> list:
+    """Prompts with the sets taken in turn (a batch cut from the front mixes them)."""
+    by_set: dict[str, list] = {}
+    for p in prompts:
+        by_set.setdefault(p.set, []).append(p)
+    out, queues = [], list(by_set.values())
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
+    return out
+
+
+def batch_bench(args: argparse.Namespace, model, tok, encode, model_name: str, prompts: list) -> int:
+    """`recap bench --batch B ...`: batched RECAP@auto against batched greedy (see recap.batch_bench)."""
+    from pathlib import Path
+
+    from recap.batch_bench import BatchBench
+    from recap.bench import machine, source_commit
+
+    rows = [encode([{"role": "user", "content": p.turns[0]}], None) for p in _interleaved(prompts)]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    b = BatchBench(model, [r["input_ids"] if isinstance(r, dict) else r for r in rows], pad_id=int(pad),
+                   eos={int(tok.eos_token_id)}, max_new_tokens=args.max_new_tokens, rounds=args.rounds)
+    say = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
+    print(f"{len(rows)} prompts, batch sizes {args.batch}, {args.max_new_tokens} new tokens, {args.rounds} rounds")
+    b.warm_up()
+    b.run(args.batch, progress=say)
+    if args.references:
+        b.run_references(progress=say)
+    m = machine()
+    head = (f"`recap bench {' '.join(argv_of(args))}` on {time.strftime('%Y-%m-%d', time.gmtime())}, commit "
+            f"`{source_commit() or 'unknown'}`, {m['processor']} ({m['platform']}), {m['threads']} threads, "
+            f"torch {m['torch']}, transformers {m['transformers']}; {model_name}, {len(rows)} prompts.")
+    report = "\n".join([head, "", "```", b.verdict(), "```", "", b.markdown(), ""])
+    print()
+    print(report)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "batch.md").write_text(report)
+    written = [out / "batch.md"]
+    if args.page:
+        Path(args.page).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.page).write_text(f"# {args.page_title or 'Batched decoding'}\n\nWritten by {report}")
+        written.append(Path(args.page))
+    print("wrote " + ", ".join(str(p) for p in written))
+    bad = sum(rows - eq for eq, rows in b.equal.values())
+    if bad and args.dtype == "float32":
+        print(f"{bad} row(s) differ from batched greedy (float32 rounding of tree passes can flip near-ties)")
+    return 0
+
+
 def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -149,6 +201,8 @@ def bench(args: argparse.Namespace) -> int:
     if not prompts:
         print(f"no prompts selected (sets {args.sets}); image prompts need a vision-language model", file=sys.stderr)
         return 2
+    if args.batch:
+        return batch_bench(args, model, tok, encode, model_name, prompts)
     sampling = None
     if args.do_sample:
         sampling = {"do_sample": True, **{k: v for k, v in [("temperature", args.temperature), ("top_p", args.top_p),
@@ -282,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--rounds", type=int, default=3,
                    help="interleaved timing rounds per prompt (default 3; speedups are medians of paired ratios)")
     b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--batch", type=int, nargs="+", default=None, metavar="B",
+                   help="batch sizes: batched RECAP@auto against batched greedy generate at each (tokens per "
+                        "second over all rows), instead of the per-drafter table")
+    b.add_argument("--no-references", dest="references", action="store_false",
+                   help="with --batch: skip the batch-1 RECAP, prompt lookup and greedy reference runs")
     b.add_argument("--skip", type=int, default=0, help="skip the first N prompts of each data set")
     b.add_argument("--memory", default=None,
                    help="start every persistent memory from this snapshot (made with --save-memory)")
