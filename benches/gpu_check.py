@@ -8,7 +8,10 @@ On a random-weight model with the shapes of Qwen2.5-VL-7B's language model (no d
    its phases, over one generation;
 3. argmax agreement between a tree pass and one-token passes in the given dtype (bfloat16 by
    default): the share of 64 chain positions where the tree pass's argmax equals the argmax
-   of the same token fed one at a time.
+   of the same token fed one at a time;
+4. batches: at B = 1, 8, 32 (--tiny: 1, 2, 4) prompts of mixed lengths that repeat
+   themselves, left-padded, committed tokens per second of batched greedy `generate` and of
+   RECAP@auto's batched `Decoder.generate`, and how many rows are identical.
 
     python benches/gpu_check.py --device cuda --dtype bfloat16 --out gpu-check.json
     python benches/gpu_check.py --tiny --out tiny.json       # CI: a tiny model on the CPU
@@ -83,6 +86,51 @@ def agreement(dec, n: int = 64, context: int = 128) -> float:
     return sum(int(a == b) for a, b in zip(tree.tolist(), one, strict=True)) / n
 
 
+def batches(model, sizes: list[int], vocab: int, new_tokens: int, device: str) -> dict:
+    """Batched greedy generate against RECAP@auto's batched decoding (see the module doc)."""
+    import recap
+    from recap.batch_bench import left_pad
+
+    dec = recap.Decoder(model, recap.RecapConfig(budget="auto"), linear_layout="default")
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    for b in sizes:
+        rows = []
+        for i in range(b):
+            n = 48 + (i * 37) % 160
+            head = torch.randint(3, vocab - 1, (1, n), generator=g)
+            rows.append(torch.cat([head, head[:, : n // 2]], 1))  # a repeat, so drafts get accepted
+        ids, mask = left_pad(rows, 0)
+        ids, mask = ids.to(device), mask.to(device)
+        kw = dict(max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
+        dec.generate(ids[:, -16:], attention_mask=mask[:, -16:], **{**kw, "max_new_tokens": 4})  # warm-up
+        model.generate(input_ids=ids[:, -16:], attention_mask=mask[:, -16:], do_sample=False,
+                       **{**kw, "max_new_tokens": 4})
+        timed = {}
+        for name in ("greedy", "recap", "greedy again", "recap again"):
+            _sync(device)
+            t = time.perf_counter()
+            if name.startswith("greedy"):
+                seq = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, **kw)
+            else:
+                seq = dec.generate(ids, attention_mask=mask, **kw)
+            _sync(device)
+            timed.setdefault(name.split()[0], []).append((time.perf_counter() - t, seq))
+        tokens = b * new_tokens
+        greedy_s = min(t for t, _ in timed["greedy"])
+        recap_s = min(t for t, _ in timed["recap"])
+        same = sum(int(torch.equal(x, y)) for x, y in zip(timed["greedy"][0][1], timed["recap"][0][1]))
+        stats = dec.last_stats
+        out[b] = {"greedy_tok_s": tokens / greedy_s, "recap_tok_s": tokens / recap_s, "speedup": greedy_s / recap_s,
+                  "tau": stats.tau if stats else None, "rows_equal": same, "rows": b}
+    return out
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def main(argv: list[str] | None = None) -> int:
     import recap
 
@@ -110,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     dec.generate(prompt, max_new_tokens=new_tokens, eos_token_id=None)
     stats = dec.last_stats
     agree = agreement(dec)
+    batch = batches(model, [1, 2, 4] if args.tiny else [1, 8, 32], shapes["vocab_size"], new_tokens, device)
     report = {
         "device": str(device), "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else
         platform.processor() or platform.machine(), "dtype": str(dtype), "shapes": shapes,
@@ -117,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "cost_ratio_vs_1": {n: t / curve[1] for n, t in curve.items()},
         "steps": stats.steps, "tau": stats.tau, "new_tokens": stats.new_tokens,
         "host_us_per_step": stats.per_step_us(), "tree_vs_one_token_argmax_agreement": agree,
-        "torch": torch.__version__,
+        "batches": batch, "torch": torch.__version__,
     }
     Path(args.out).write_text(json.dumps(report, indent=1))
     picks = [n for n in (1, 8, 16, 32, 64, 128) if n in curve]
@@ -127,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"host us/step {us['host']:.0f} (draft {us['draft']:.0f}, pack {us['pack']:.0f}, update {us['update']:.0f}, "
           f"kv {us['compact']:.0f}), forward ms/step {us['forward'] / 1e3:.2f}, tau {stats.tau:.2f}")
     print(f"tree vs one-token argmax agreement: {agree:.3f}")
+    for b, r in batch.items():
+        print(f"B={b}: batched greedy {r['greedy_tok_s']:.1f} tok/s, RECAP@auto {r['recap_tok_s']:.1f} tok/s "
+              f"({r['speedup']:.2f}x, tau {r['tau']:.2f}), {r['rows_equal']}/{r['rows']} rows identical")
     print(f"wrote {args.out}")
     return 0
 

@@ -21,3 +21,7 @@ def test_gpu_check_runs_in_its_tiny_cpu_mode(tmp_path):
     assert 0 < report["steps"] < report["new_tokens"] - 1 and report["tau"] > 1.0
     assert report["host_us_per_step"]["host"] > 0
     assert report["tree_vs_one_token_argmax_agreement"] == 1.0  # float64: a tree pass equals one-token passes
+    assert sorted(int(b) for b in report["batches"]) == [1, 2, 4]
+    for b, r in report["batches"].items():
+        assert r["rows_equal"] == r["rows"] == int(b)  # float64: every batched row equals batched greedy's
+        assert r["greedy_tok_s"] > 0 and r["recap_tok_s"] > 0
