@@ -119,7 +119,7 @@ def batches(model, sizes: list[int], vocab: int, new_tokens: int, device: str) -
         tokens = b * new_tokens
         greedy_s = min(t for t, _ in timed["greedy"])
         recap_s = min(t for t, _ in timed["recap"])
-        same = sum(int(torch.equal(x, y)) for x, y in zip(timed["greedy"][0][1], timed["recap"][0][1]))
+        same = sum(int(torch.equal(x, y)) for x, y in zip(timed["greedy"][0][1], timed["recap"][0][1], strict=True))
         stats = dec.last_stats
         out[b] = {"greedy_tok_s": tokens / greedy_s, "recap_tok_s": tokens / recap_s, "speedup": greedy_s / recap_s,
                   "tau": stats.tau if stats else None, "rows_equal": same, "rows": b}

@@ -75,6 +75,7 @@ def decode_batch(decoder, req, sessions: list) -> Any:
         active = _step(decoder, req, tp, active, stats, budget, k)
     for row in rows:
         row.session.finish()
+    stats.kv_bytes = tp.cache.nbytes()
     stats.new_tokens = sum(len(r.out) for r in rows)
     stats.total_s = time.perf_counter() - t_start
     sequences = _sequences(req, rows)

@@ -2,7 +2,8 @@
 
 Layout. The KV slab (`recap.kv_cache`) holds [layers, B, heads, capacity, head_dim]. Row b's
 committed entries are the columns [0, past[b]): its left padding [0, pad[b]) (masked for
-ever; only a prefill with images has any, see `prefill`), then its real tokens. Rows commit different numbers of tokens per step, so their
+ever; only a prefill with images has any, see `prefill`), then its real tokens. Rows commit
+different numbers of tokens per step, so their
 lengths are ragged; the cache's common length W is the longest row's, and the columns
 [past[b], W) of a shorter row are holes, masked. Every step writes each row's tree at the
 columns [W, W + T), T the largest tree of the step (a smaller tree is padded with nodes that
@@ -106,6 +107,7 @@ class BatchTreePass:
                 keys = [[] for _ in cache.layers]
                 values = [[] for _ in cache.layers]
             for i, layer in enumerate(cache.layers):
+                assert isinstance(layer, SlabLayer) and layer.keys is not None and layer.values is not None
                 keys[i].append(layer.keys)
                 values[i].append(layer.values)
             self.offsets[b] = self.adapter.position_offset()

@@ -318,6 +318,7 @@ class Decoder:
         if self._cost is not None:
             stats.cost = session.cost_state()
         stats.new_tokens = len(out)
+        stats.kv_bytes = tp.cache.nbytes()
         stats.total_s = time.perf_counter() - t_start
         sequences = torch.tensor([prompt + out], dtype=input_ids.dtype, device=input_ids.device)
         if not req.return_dict:

@@ -169,6 +169,13 @@ class SlabCache(DynamicCache):
         self._index = torch.zeros(max(index_slots, 1), dtype=torch.int64, pin_memory=pin)
         self.layer_class_to_replicate = lambda: SlabLayer(self.slab, len(self.layers))  # type: ignore[assignment]
 
+    def nbytes(self) -> int:
+        """Bytes of every buffer the cache holds."""
+        slab = self.slab
+        shared = [t for t in (slab.keys, slab.values) if t is not None]
+        own = [t for layer in slab.layers for t in (layer.own_keys, layer.own_values) if t is not None]
+        return sum(t.untyped_storage().nbytes() for t in shared + own)
+
     def crop(self, tokens_to_remove: int) -> None:
         """Drops the last `-tokens_to_remove` entries of every layer (one array operation)."""
         if tokens_to_remove > 0:

@@ -30,6 +30,8 @@ class GenerationStats:
     #: A batch: its rows, and the verification passes (`steps` counts row steps).
     rows: int = 1
     passes: int = 0
+    #: Bytes of the request's KV cache buffers (allocated once; grown only past their capacity).
+    kv_bytes: int = 0
 
     def record_step(self, tree_size: int, path_len: int, selection: tuple | None) -> None:
         """One verification step: its tree size, its accepted path (root included) and, with
@@ -83,4 +85,5 @@ class GenerationStats:
             "routing": self.routing,
             "rows": self.rows,
             "passes": self.passes or self.steps,
+            "kv_bytes": self.kv_bytes,
         }
