@@ -81,7 +81,7 @@ def agreement(dec, n: int = 64, context: int = 128) -> float:
     one = [int(model(input_ids=ids[:, i:i + 1], **{kw: ref_cache}, use_cache=True).logits[0, -1].argmax())
            for i in range(context, context + n)]
     tp = TreePass(adapter, n, context + n + 1)
-    tp.prefill(ids[:, :context], None, {}, seed_rows=False)
+    tp.prefill(ids[:, :context], None, {})
     tree = tp.verify(*tp.load_chain(ids[0, context:].tolist())).argmax(-1)
     return sum(int(a == b) for a, b in zip(tree.tolist(), one, strict=True)) / n
 

@@ -10,9 +10,10 @@ class SessionSpy:
     def __init__(self, inner, log):
         self._inner, self._log = inner, log
 
-    def seed(self, ids, probs):
+    def seed(self, ids, probs, start=0):
         self._log.seeded.append(np.array(ids))
-        return self._inner.seed(ids, probs)
+        self._log.starts.append(start)
+        return self._inner.seed(ids, probs, start)
 
     def propose_into(self, tokens, *args):
         n, deepest = self._inner.propose_into(tokens, *args)
@@ -33,7 +34,7 @@ class DrafterSpy:
     """Stands in for a decoder's shared drafter: every session it opens is a `SessionSpy`."""
 
     def __init__(self, inner):
-        self._inner, self.seeded, self.trees = inner, [], []
+        self._inner, self.seeded, self.trees, self.starts = inner, [], [], []
 
     def session(self, **kwargs):
         return SessionSpy(self._inner.session(**kwargs), self)

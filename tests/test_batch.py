@@ -111,6 +111,9 @@ def test_property_every_row_equals_its_own_generate(lengths, eos, drafter, budge
     out = dec.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos, pad_token_id=PAD)
     assert_rows(out, ids.shape[1], expected)
     assert out.shape[1] == ids.shape[1] + max(len(e) for e in expected)
+    batched = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=PAD,
+                             max_new_tokens=NEW, eos_token_id=eos)
+    assert torch.equal(out, batched)
 
 
 def test_sampling_row_i_equals_batch_1_with_its_seed():
@@ -152,23 +155,26 @@ def test_custom_generate_takes_the_batch():
     assert torch.equal(d.sequences, want) and d.recap_stats["rows"] == 3
 
 
+IMAGES = ["skimage_chelsea.png", "skimage_coins.png", "skimage_camera.png"]  # different sizes and aspect ratios
 VLMS = {
-    "qwen2_vl": lambda p, s: qwen_vl_inputs(p, s, family="qwen2_vl"),
-    "llava": llava_inputs,
-    "gemma3": gemma3_vl_inputs,
+    "qwen2_vl": lambda p, s, i: qwen_vl_inputs(p, s, image=IMAGES[i], family="qwen2_vl"),
+    "llava": lambda p, s, i: llava_inputs(p, s, image=IMAGES[i]),
+    "gemma3": lambda p, s, i: gemma3_vl_inputs(p, s),
 }
 
 
 @pytest.mark.parametrize("family", list(VLMS))
 def test_vision_language_batches_with_images_equal_each_rows_generate(family):
     parts = [([5, 6, 7], [8, 9, 10, 11] * 3), ([12], [13, 14] * 9), ([20, 21, 22, 23, 24, 25], [26])]
-    built = [VLMS[family](p, s) for p, s in parts]
+    built = [VLMS[family](p, s, i) for i, (p, s) in enumerate(parts)]
     model, rows = built[0][0], [b[1] for b in built]
     expected = one_by_one(model, rows)
     batch = batch_inputs(rows)
+    batched = model.generate(**batch, do_sample=False, pad_token_id=PAD, max_new_tokens=NEW)
     for name in ("recap", "pld"):
         out = recap.Decoder(model, drafter=name).generate(**batch, max_new_tokens=NEW, pad_token_id=PAD)
         assert_rows(out, batch["input_ids"].shape[1], expected)
+        assert torch.equal(out, batched), name
 
 
 def test_rows_have_their_own_memory_scopes():

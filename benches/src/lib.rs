@@ -107,7 +107,7 @@ impl Simulator {
             );
         }
         let rows = TopKRows::new(&self.ids, &self.probs, K, prompt_len, VOCAB).unwrap();
-        self.session.seed(&rows).unwrap();
+        self.session.seed(&rows, 0).unwrap();
     }
 
     /// Fills the target's rows for the current tree (what the verifier would return).

@@ -26,9 +26,9 @@ import threading
 import numpy as np
 import torch
 
+from recap import seeding
 from recap.kv_cache import SlabCache, SlabLayer
 from recap.step_buffers import masked_value
-from recap.tree_pass import PREFILL_SEED_CHUNK
 
 
 def _zero_padding(pads: torch.Tensor, thread: int):
@@ -80,9 +80,9 @@ class BatchTreePass:
 
     # ---- the prompt ---------------------------------------------------------------------------
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, model_inputs: dict,
-                seed_rows: bool = True) -> tuple[torch.Tensor, list[tuple[np.ndarray, np.ndarray]]]:
+                head_share: float | None = None) -> tuple[torch.Tensor, list[tuple[np.ndarray, np.ndarray, int]]]:
         """Runs the prompts; returns the last position's logits [B, V] and each row's seed
-        rows (its real tokens' top-K, as (ids, probs)).
+        rows (ids, probs, start) over its real tokens, as `TreePass.prefill`.
 
         Text prompts are prefilled one row at a time, each exactly as at batch 1, and land at
         the start of their cache rows (no padding in the cache: rows are ragged from the
@@ -91,7 +91,7 @@ class BatchTreePass:
         78-757 tokens: 4.1 s padded against 1.4 s one by one on a 2-core CPU). Prompts with
         model inputs (images) run as one padded batch, as batched `generate` runs them."""
         if model_inputs:
-            return self._padded_prefill(input_ids, attention_mask, model_inputs, seed_rows)
+            return self._padded_prefill(input_ids, attention_mask, model_inputs, head_share)
         lengths = attention_mask.sum(dim=1).tolist()
         width = int(max(lengths))
         rows = [input_ids[b, input_ids.shape[1] - n:] for b, n in enumerate(lengths)]
@@ -100,9 +100,9 @@ class BatchTreePass:
         last, seeds = [], []
         for b, row in enumerate(rows):
             cache = SlabCache(len(self.adapter.layer_types), int(lengths[b]))
-            logits, hidden = self._run(row.unsqueeze(0), None, {}, cache, seed_rows)
+            logits, hidden = self._run(row.unsqueeze(0), None, {}, cache, head_share is not None)
             last.append(logits[0])
-            seeds.append(self._seed_rows(None if hidden is None else hidden[0]))
+            seeds.append(self._seed_rows(None if hidden is None else hidden[0], head_share))
             if b == 0:
                 keys = [[] for _ in cache.layers]
                 values = [[] for _ in cache.layers]
@@ -148,32 +148,28 @@ class BatchTreePass:
                 handle.remove()
         return out.logits[:, -1], (captured[-1] if captured else None)
 
-    def _padded_prefill(self, input_ids, attention_mask, model_inputs: dict, seed_rows: bool):
+    def _padded_prefill(self, input_ids, attention_mask, model_inputs: dict, head_share: float | None):
         """The prompts as one left-padded batch, with the position ids batched `generate`
         gives them."""
         inputs = dict(model_inputs)
         if "position_ids" not in inputs:
             inputs["position_ids"] = self.model._prepare_position_ids_for_generation(
                 input_ids, {"attention_mask": attention_mask, **inputs})
-        last, hidden = self._run(input_ids, attention_mask, inputs, self.cache, seed_rows)
+        last, hidden = self._run(input_ids, attention_mask, inputs, self.cache, head_share is not None)
         self.pad[:] = (attention_mask == 0).sum(dim=1).cpu().numpy()
         self.past[:] = input_ids.shape[1]
         self.width = input_ids.shape[1]
         self.offsets[:] = self.adapter.position_offsets(self.rows)
-        seeds = [self._seed_rows(None if hidden is None else hidden[b, int(self.pad[b]):]) for b in range(self.rows)]
+        seeds = [self._seed_rows(None if hidden is None else hidden[b, int(self.pad[b]):], head_share)
+                 for b in range(self.rows)]
         return last, seeds
 
-    def _seed_rows(self, hidden: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
-        k = self.k
-        if hidden is None or hidden.shape[0] == 0:
-            return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
-        head = self.adapter.lm_head
-        ids, probs = [], []
-        for s in range(0, hidden.shape[0], PREFILL_SEED_CHUNK):
-            p, i = torch.softmax(head(hidden[s:s + PREFILL_SEED_CHUNK]).float(), dim=-1).topk(k, dim=-1)
-            ids.append(i)
-            probs.append(p)
-        return (torch.cat(ids).cpu().numpy().astype(np.int64), torch.cat(probs).cpu().numpy().astype(np.float32))
+    def _seed_rows(self, hidden: torch.Tensor | None, head_share: float | None):
+        """(ids, probs, start) for a row's real positions `hidden` [n, hidden] (see `recap.seeding`)."""
+        if hidden is None or head_share is None:
+            return (*seeding.top_rows(self.adapter, None, self.k), 0)
+        n = seeding.positions(hidden.shape[0], head_share)
+        return (*seeding.top_rows(self.adapter, hidden[hidden.shape[0] - n:], self.k), hidden.shape[0] - n)
 
     # ---- drafting ------------------------------------------------------------------------------
     def position_base(self, b: int) -> int:
@@ -291,12 +287,12 @@ class BatchTreePass:
                     buf[r, :, d] = buf[r, :, s]
 
     def _set_length(self, length: int) -> None:
+        # The slab grows (by doubling) only when a pass writes past its capacity, so a row
+        # that accepted past its last token and is about to leave grows nothing.
         slab = self.cache.slab
         slab.lengths[slab.attached] = length
-        if length + self.max_nodes + 1 > slab.capacity:
-            slab.grow(length + self.max_nodes + 1)
-        if self._cols.shape[0] < slab.capacity + self.max_nodes + 1:
-            self._cols = torch.arange(2 * slab.capacity, device=self.device)
+        if self._cols.shape[0] < length + self.max_nodes + 1:
+            self._cols = torch.arange(2 * (length + self.max_nodes + 1), device=self.device)
 
     def drop(self, keep: np.ndarray) -> None:
         """Keeps only the rows `keep` (indices, increasing). Kept rows move down in place, over

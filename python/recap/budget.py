@@ -3,7 +3,8 @@
 c(n) is the time of one verification pass over n tree tokens (root included), top-k and the
 device-to-host copy included, exactly as a decoding step runs it. It is measured once per
 model, device, dtype, thread count and linear layout (a few dozen forward passes, cached with
-the model) and handed to the drafter (`Drafter.set_cost_points`). The controller itself is
+the model and across processes, `recap.measurements`) and handed to the drafter
+(`Drafter.set_cost_points`). The controller itself is
 Rust (`recap_core::cost`, `recap_core::budget`): it corrects the curve online from every
 step's timings (the true cost also grows with the context length), adds the host time per
 step, and cuts each tree to the prefix with the most expected committed tokens per second.
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from recap import measurements
 from recap.model_state import state_of
 
 POINTS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -55,12 +57,19 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
     per_model = state_of(model).cost_curves  # with the model: it goes when the model goes
     key = model_key(model) + tuple(variant)
     found = per_model.get(key)
-    if found is not None and not refresh and found.points[-1] >= min(max_tokens, POINTS[-1]):
+    covers = min(max_tokens, POINTS[-1])
+    if found is not None and not refresh and found.points[-1] >= covers:
         return found
+    stored_as = measurements.key(model, "cost", tuple(variant))
+    kept = None if refresh else measurements.load(stored_as)  # measured by an earlier process
+    if isinstance(kept, dict) and kept.get("points") and kept["points"][-1] >= covers:
+        per_model[key] = CostModel([int(p) for p in kept["points"]], [float(t) for t in kept["seconds"]])
+        return per_model[key]
     points = [p for p in POINTS if p < max_tokens] + [max_tokens]
     points = sorted(set(points))
     seconds = _measure(model, new_pass, points, reps)
     per_model[key] = CostModel(points, seconds)
+    measurements.store(stored_as, {"points": points, "seconds": seconds})
     return per_model[key]
 
 
@@ -76,7 +85,7 @@ class ChainPasses:
         self.excluded = torch.tensor(sorted(getattr(new_pass, "excluded", ())), dtype=torch.long)
         self.tree_pass = new_pass(CALIBRATION_PAST + max_tokens, max_tokens)
         with torch.no_grad():
-            self.tree_pass.prefill(self.draw(CALIBRATION_PAST), None, {}, seed_rows=False)
+            self.tree_pass.prefill(self.draw(CALIBRATION_PAST), None, {})
 
     def draw(self, n: int) -> torch.Tensor:
         # Random text tokens; never an image placeholder (it would read as an image prompt).

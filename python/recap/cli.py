@@ -256,6 +256,21 @@ def bench(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cache(args: argparse.Namespace) -> int:
+    from recap import measurements
+
+    where = measurements.folder()
+    if args.clear:
+        print(f"removed {measurements.clear()} measurement(s) from {where}")
+        return 0
+    state = "on" if measurements.enabled() else "off (RECAP_CACHE=0)"
+    entries = sorted(where.glob("*.json")) if where.is_dir() else []
+    print(f"{where}: {len(entries)} measurement(s), store {state}")
+    for e in entries:
+        print(f"  {e.name}  {e.stat().st_size} bytes")
+    return 0
+
+
 def catchup_bench(args: argparse.Namespace) -> int:
     """Routing modes and budgets side by side (see recap.catchup.bench)."""
     import json
@@ -375,8 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--out", default="catchup-out", help="folder for catchup.json and catchup.md")
     c.add_argument("--quiet", action="store_true")
+    k = sub.add_parser("cache", help="the first-use measurements kept across processes (recap.measurements)",
+                       description="Lists (or with --clear removes) the stored cost curves and linear-layout "
+                                   "choices; RECAP_CACHE=0 turns the store off, RECAP_CACHE_DIR moves it.")
+    k.add_argument("--clear", action="store_true", help="remove every stored measurement")
     args = parser.parse_args(argv)
     args.argv = (argv if argv is not None else sys.argv[1:])[1:]  # without the subcommand
+    if args.command == "cache":
+        return cache(args)
     if args.command == "demo":
         return demo(args)
     if args.command == "bench":

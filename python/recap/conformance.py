@@ -95,7 +95,7 @@ def probe(adapter: ModelAdapter) -> None:
     adapter.before_prefill()
     tp = TreePass(adapter, max_nodes=len(tree), capacity=n_ctx + 2 * len(tree))
     try:
-        tp.prefill(torch.tensor([context], device=device), None, {}, seed_rows=False)
+        tp.prefill(torch.tensor([context], device=device), None, {})
         got = _tree_pass(tp, tree)
     except Exception as e:  # noqa: BLE001 - any failure here means the model cannot take a tree pass
         raise UnsupportedModelError(

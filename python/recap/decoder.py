@@ -18,7 +18,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from recap import drafters
+from recap import drafters, seeding
 from recap import linear_layout as layouts
 from recap._core import PersistentMemory
 from recap.acceptance import NodePicks
@@ -104,6 +104,7 @@ class Decoder:
         # Only drafters with a persistent memory learn from the prompt's rows; the others'
         # prefill computes the head at the last position only, as generate's does.
         self._seeds = spec.uses_memory
+        self._head_share: float | None = None  # measured at first use when seeding (recap.seeding)
         self._layout: layouts.LinearLayout | None = None
         self._prepared = False
 
@@ -120,6 +121,9 @@ class Decoder:
             self._layout = layouts.choose(self.model, self._probe(), model_key(self.model), self._linear_layout)
             if self._auto_budget:
                 self._calibrate()
+            if self._seeds:
+                with self._layout_context():
+                    self._head_share = seeding.head_share(self.adapter)
             self._prepared = True
 
     @property
@@ -294,8 +298,7 @@ class Decoder:
         shared = state_of(self.model).prefill_lock if adapter.keeps_request_state else contextlib.nullcontext()
         with shared:
             adapter.before_prefill()
-            last, (seed_ids, seed_probs) = tp.prefill(input_ids, req.attention_mask, req.model_inputs,
-                                                      seed_rows=self._seeds)
+            last, seeds = tp.prefill(input_ids, req.attention_mask, req.model_inputs, head_share=self._head_share)
         first = chooser.choose(prompt, last, 0)
         rows = TokenRows() if req.keeps_rows else None
         if rows is not None:
@@ -311,7 +314,7 @@ class Decoder:
             streamer.put(torch.tensor([first]))
         if not (first in eos or len(out) >= max_new or self._stop(req, prompt, out)):
             session.begin(np.asarray(prompt + [first], dtype=np.int64))
-            session.seed(seed_ids, seed_probs)
+            session.seed(*seeds)
             self._decode(req, session, tp, prompt, out, stats, rows)
         if streamer is not None:
             streamer.end()

@@ -20,6 +20,7 @@ import time
 import numpy as np
 import torch
 
+from recap import measurements
 from recap.model_state import state_of
 
 LAYOUTS = ("auto", "default", "transposed")
@@ -178,13 +179,19 @@ def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayo
         return None  # the copy would crowd out the rest of the machine: not worth a faster pass
     decisions = state_of(model).layout_choice
     if key not in decisions:
-        probe()  # warm-up (builds the probe's context)
-        own, flipped = [], []
-        for _ in range(3):
-            own.append(_time(probe))
-            with candidate:
-                flipped.append(_time(probe))
-        decisions[key] = float(np.median(flipped)) <= GAIN * float(np.median(own))
+        stored_as = measurements.key(model, "layout")
+        kept = measurements.load(stored_as)  # decided by an earlier process
+        if isinstance(kept, bool):
+            decisions[key] = kept
+        else:
+            probe()  # warm-up (builds the probe's context)
+            own, flipped = [], []
+            for _ in range(3):
+                own.append(_time(probe))
+                with candidate:
+                    flipped.append(_time(probe))
+            decisions[key] = float(np.median(flipped)) <= GAIN * float(np.median(own))
+            measurements.store(stored_as, decisions[key])
     if decisions[key]:
         return candidate
     candidate.release()

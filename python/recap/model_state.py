@@ -33,6 +33,7 @@ class ModelState:
         self.layout_choice: dict[tuple, bool] = {}  # (device, dtype, threads) -> transposed is faster
         self.cost_curves: dict[tuple, CostModel] = {}  # (device, dtype, threads, layout)
         self.conformance: tuple | None = None  # (dtype, device) the probe passed in
+        self.head_share: float | None = None  # the head's cost per position over a token's (recap.seeding)
 
     def __deepcopy__(self, memo) -> ModelState:
         fresh = ModelState()

@@ -20,10 +20,9 @@ import threading
 import numpy as np
 import torch
 
+from recap import seeding
 from recap.kv_cache import DEFAULT_CAPACITY, SlabCache
 from recap.step_buffers import StepBuffers
-
-PREFILL_SEED_CHUNK = 256  # prompt positions per LM-head chunk when seeding (bounds memory)
 
 
 class _SlidingMask:
@@ -74,13 +73,15 @@ class TreePass:
         self.offset = 0  # the family's position offset, read after the prefill (M-RoPE)
 
     # ---- the prompt ---------------------------------------------------------------------
-    def prefill(self, input_ids: torch.Tensor, attention_mask, model_inputs: dict, seed_rows: bool = True):
-        """Runs the prompt; returns (the last position's logits, the prompt's top-K rows for
-        seeding as (ids, probs) numpy arrays). Final hidden states are captured at the last
-        norm and the head runs over them in chunks, so full-vocabulary logits are never held
-        for the whole prompt."""
+    def prefill(self, input_ids: torch.Tensor, attention_mask, model_inputs: dict, head_share: float | None = None):
+        """Runs the prompt; returns (the last position's logits, the seed rows (ids, probs,
+        start): the top-K after the prompt's positions start.. as numpy arrays, none when
+        `head_share` is None). How many of the last positions are seeded follows the head's
+        measured cost (`recap.seeding`). Final hidden states are captured at the last norm and
+        the head runs over them in chunks, so full-vocabulary logits are never held for the
+        whole prompt."""
         captured: list[torch.Tensor] = []
-        norm = self.adapter.final_norm if seed_rows else None
+        norm = self.adapter.final_norm if head_share is not None else None
         me = threading.get_ident()  # the norm is shared: other threads' forwards pass this hook too
 
         def capture(_m, _i, o):
@@ -95,23 +96,12 @@ class TreePass:
         finally:
             if handle is not None:
                 handle.remove()
-        self.past = input_ids.shape[1]
+        length = input_ids.shape[1]
+        self.past = length
         self.offset = self.adapter.position_offset()
-        return out.logits[0, -1], self._seed_rows(captured[-1][0] if captured else None)
-
-    def _seed_rows(self, hidden: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
-        k = self.k
-        if hidden is None:
-            return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
-        head = self.adapter.lm_head
-        ids_chunks, prob_chunks = [], []
-        for s in range(0, hidden.shape[0], PREFILL_SEED_CHUNK):
-            p, i = torch.softmax(head(hidden[s:s + PREFILL_SEED_CHUNK]).float(), dim=-1).topk(k, dim=-1)
-            ids_chunks.append(i)
-            prob_chunks.append(p)
-        ids = torch.cat(ids_chunks).cpu().numpy().astype(np.int64)
-        probs = torch.cat(prob_chunks).cpu().numpy().astype(np.float32)
-        return ids, probs
+        n = 0 if not captured or head_share is None else seeding.positions(length, head_share)
+        hidden = captured[-1][0, length - n:] if n else None
+        return out.logits[0, -1], (*seeding.top_rows(self.adapter, hidden, self.k), length - n)
 
     # ---- loading a tree into the buffers ----------------------------------------------------
     def draft(self, session) -> tuple[int, int]:

@@ -384,7 +384,10 @@ mod tests {
             assert_eq!(keep.iter().filter(|&&k| k).count(), m + 1);
             for i in 1..t.len() {
                 if keep[i] {
-                    assert!(keep[t.parents[i] as usize], "m={m}: node {i} kept without its parent");
+                    assert!(
+                        keep[t.parents[i] as usize],
+                        "m={m}: node {i} kept without its parent"
+                    );
                 }
             }
             assert_eq!(b.last().kept, m);

@@ -62,8 +62,9 @@ pub trait Drafter: Send + Sync {
     /// generated token). Request-local state is reset here.
     fn begin_request(&mut self, context: &[u32]);
 
-    /// Rows the prefill computed: row i is the target's continuation after `context[i]`.
-    fn seed(&mut self, _context: &[u32], _rows: &TopKRows<'_>) {}
+    /// Rows the prefill computed: row i is the target's continuation after
+    /// `context[start + i]` (a prefill may seed only the prompt's last positions).
+    fn seed(&mut self, _context: &[u32], _start: usize, _rows: &TopKRows<'_>) {}
 
     /// Builds a tree rooted at the last committed token into `tree`, in preorder.
     fn propose(&mut self, history: &[u32], tree: &mut DraftTree);

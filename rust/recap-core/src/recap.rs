@@ -190,14 +190,16 @@ impl Drafter for RecapDrafter {
         self.automaton.extend(context);
     }
 
-    fn seed(&mut self, context: &[u32], rows: &TopKRows<'_>) {
+    fn seed(&mut self, context: &[u32], start: usize, rows: &TopKRows<'_>) {
         let mut u = self.memory.lock();
-        for (i, &t) in context.iter().enumerate().take(rows.rows()) {
+        let end = (start + rows.rows()).min(context.len());
+        for j in start..end {
+            let t = context[j];
             if self.excluded.contains(t) {
                 continue;
             }
-            let [pp, p] = context_before_last(&context[..=i]);
-            let (ids, probs) = rows.row(i);
+            let [pp, p] = context_before_last(&context[..=j]);
+            let (ids, probs) = rows.row(j - start);
             Self::write_row(
                 &mut u,
                 &mut self.ctx,

@@ -173,22 +173,22 @@ impl DraftSession {
         Ok(())
     }
 
-    /// Seeds memories from prefill rows: row i belongs to history[i].
-    pub fn seed(&mut self, rows: &TopKRows<'_>) -> Result<()> {
+    /// Seeds memories from prefill rows: row i belongs to history[start + i].
+    pub fn seed(&mut self, rows: &TopKRows<'_>, start: usize) -> Result<()> {
         if self.history.is_empty() {
             return Err(Error::InvalidState("seed called before begin".into()));
         }
-        if rows.rows() > self.history.len() {
+        if start + rows.rows() > self.history.len() {
             return Err(Error::ShapeMismatch {
                 name: "seed rows",
                 expected: format!(
-                    "at most {} rows (one per context token)",
-                    self.history.len()
+                    "at most {} rows from position {start} (one per context token)",
+                    self.history.len().saturating_sub(start)
                 ),
                 got: format!("{} rows", rows.rows()),
             });
         }
-        self.drafter.seed(&self.history, rows);
+        self.drafter.seed(&self.history, start, rows);
         Ok(())
     }
 
@@ -370,7 +370,7 @@ mod tests {
                     Op::Begin(t) => { let _ = s.begin(&t); }
                     Op::Seed(r, k, mut i, mut p) => {
                         rows(r, k, &mut i, &mut p);
-                        if let Ok(rows) = TopKRows::new(&i, &p, k, r, vocab) { let _ = s.seed(&rows); }
+                        if let Ok(rows) = TopKRows::new(&i, &p, k, r, vocab) { let _ = s.seed(&rows, 0); }
                     }
                     Op::Propose => { if let Ok(t) = s.propose() { tree_len = t.len(); } }
                     Op::Observe(r, k, mut i, mut p) => {

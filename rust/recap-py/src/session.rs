@@ -175,12 +175,14 @@ impl Session {
     }
 
     /// Seeds the memories from the prefill: row i ([n, k]) is the target's top-k after
-    /// context token i.
+    /// context token `start + i` (a prefill may seed only the prompt's last positions).
+    #[pyo3(signature = (topk_ids, topk_probs, start = 0))]
     fn seed(
         &mut self,
         py: Python<'_>,
         topk_ids: &Bound<'_, PyAny>,
         topk_probs: &Bound<'_, PyAny>,
+        start: usize,
     ) -> PyResult<()> {
         let (ids, s1) = ids_2d("topk_ids", topk_ids)?;
         let (probs, s2) = probs_2d("topk_probs", topk_probs)?;
@@ -189,7 +191,7 @@ impl Session {
         let session = &mut self.session;
         py.detach(|| {
             let rows = TopKRows::new(&ids, &probs, s1[1], s1[0], vocab)?;
-            session.seed(&rows)
+            session.seed(&rows, start)
         })
         .map_err(to_py)
     }

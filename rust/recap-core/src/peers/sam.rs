@@ -59,9 +59,9 @@ impl Drafter for SamDrafter {
         self.automaton.clear();
         self.automaton.extend(context);
     }
-    fn seed(&mut self, context: &[u32], rows: &TopKRows<'_>) {
+    fn seed(&mut self, context: &[u32], start: usize, rows: &TopKRows<'_>) {
         if let Some((tr, _)) = &mut self.fallback {
-            tr.seed(context, rows);
+            tr.seed(context, start, rows);
         }
     }
     fn propose(&mut self, history: &[u32], tree: &mut DraftTree) {

@@ -129,9 +129,9 @@ impl Drafter for TokenRecycling {
         "tr"
     }
     fn begin_request(&mut self, _context: &[u32]) {}
-    fn seed(&mut self, context: &[u32], rows: &TopKRows<'_>) {
-        let n = rows.rows().min(context.len());
-        self.write_rows((0..n).map(|i| (context[i], rows.row(i))));
+    fn seed(&mut self, context: &[u32], start: usize, rows: &TopKRows<'_>) {
+        let n = rows.rows().min(context.len().saturating_sub(start));
+        self.write_rows((0..n).map(|i| (context[start + i], rows.row(i))));
     }
     fn propose(&mut self, history: &[u32], tree: &mut DraftTree) {
         tree.start(history);

@@ -1,0 +1,88 @@
+"""Seeding the memories from the prompt, budgeted like the tree.
+
+The prefill's forward computes the language-model head at the last position only, as
+`generate` does; seeding RECAP's memories needs the target's top-K after every seeded
+position, which is one more head pass per position: O(positions x vocabulary x hidden). On an
+accelerator that is cheap; on a CPU with a large vocabulary it is not (SmolLM2-135M: the head
+costs about half of a whole token's forward, so seeding a whole prompt adds ~45% to the
+time to first token).
+
+So the share is measured once per model and hardware at first use (`head_share`: the head
+over 128 positions against a 128-token forward, cached with the model and across processes)
+and each prefill seeds the prompt's last positions up to SEED_SHARE of its own forward's
+cost (at least SEED_MIN): all of them where the head is cheap, the end of the prompt where it
+is not. Seeding changes drafts, never outputs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from recap import measurements
+from recap.model_state import state_of
+
+SEED_SHARE = 0.1  # seeding may add this share of the prefill's forward time
+SEED_MIN = 64  # the prompt's last positions are always seeded
+CHUNK = 256  # positions per head call (bounds memory)
+PROBE_TOKENS = 128
+
+
+def positions(prompt_len: int, head_share: float) -> int:
+    """How many of the prompt's last positions to seed."""
+    if head_share <= 0:
+        return prompt_len
+    return min(prompt_len, max(SEED_MIN, int(SEED_SHARE * prompt_len / head_share)))
+
+
+def top_rows(adapter, hidden: torch.Tensor | None, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The target's top-K (ids, probs) after each of `hidden`'s positions ([n, hidden])."""
+    if hidden is None or hidden.shape[0] == 0:
+        return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
+    head = adapter.lm_head
+    ids, probs = [], []
+    for s in range(0, hidden.shape[0], CHUNK):
+        p, i = torch.softmax(head(hidden[s:s + CHUNK]).float(), dim=-1).topk(k, dim=-1)
+        ids.append(i)
+        probs.append(p)
+    return torch.cat(ids).cpu().numpy().astype(np.int64), torch.cat(probs).cpu().numpy().astype(np.float32)
+
+
+@torch.no_grad()
+def head_share(adapter) -> float:
+    """The head's time per position over a whole forward's time per token, on this model and
+    hardware (measured once; see the module doc)."""
+    model = adapter.model
+    state = state_of(model)
+    found = getattr(state, "head_share", None)
+    if found is not None:
+        return found
+    name = measurements.key(model, "head-share")
+    kept = measurements.load(name)
+    if isinstance(kept, (int, float)):
+        state.head_share = float(kept)
+        return state.head_share
+    device = adapter.lm_head.weight.device
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, max(adapter.vocab_size - 1, 4), (1, PROBE_TOKENS), generator=gen).to(device)
+    hidden = torch.randn(PROBE_TOKENS, adapter.lm_head.weight.shape[1], generator=gen).to(device, adapter.dtype)
+
+    def forward() -> None:
+        model(input_ids=ids, use_cache=False, logits_to_keep=1).logits.cpu()
+
+    def heads() -> None:
+        top_rows(adapter, hidden, 8)
+
+    times = [min(_time(f) for _ in range(3)) for f in (forward, heads)]  # the first call of each warms up
+    share = times[1] / max(times[0], 1e-9)
+    state.head_share = share
+    measurements.store(name, share)
+    return share
+
+
+def _time(f) -> float:
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t

@@ -1,0 +1,51 @@
+"""First-use measurements kept across processes (recap.measurements)."""
+
+import copy
+
+import recap
+import torch
+from recap import budget, measurements
+from tiny_models import text_family
+
+
+def test_a_second_process_takes_the_cost_curve_without_measuring(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECAP_CACHE", "1")
+    monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = budget._measure
+    monkeypatch.setattr(budget, "_measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = copy.deepcopy(text_family("Llama"))  # a copy starts with nothing measured in-process
+    first = recap.Decoder(model).calibrate()
+    assert calls == [1] and any(tmp_path.glob("cost-*.json"))
+    again = copy.deepcopy(model)  # as a new process sees it: nothing kept with the model
+    second = recap.Decoder(again).calibrate()
+    assert calls == [1] and second.points == first.points and second.seconds == first.seconds
+    prompt = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    assert torch.equal(recap.Decoder(again).generate(prompt, max_new_tokens=12),
+                       again.generate(prompt, max_new_tokens=12, do_sample=False))
+    recap.Decoder(copy.deepcopy(model)).calibrate(refresh=True)  # refresh measures again
+    assert calls == [1, 1]
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1.5)  # another checkpoint of the same shapes: its own entry
+    recap.Decoder(other).calibrate()
+    assert calls == [1, 1, 1]
+    assert measurements.clear() >= 2 and not any(tmp_path.glob("cost-*.json"))
+
+
+def test_turned_off_nothing_is_read_or_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECAP_CACHE", "0")
+    monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
+    recap.Decoder(copy.deepcopy(text_family("Qwen2"))).calibrate()
+    assert not list(tmp_path.iterdir())
+    measurements.store("x.json", 1)
+    assert measurements.load("x.json") is None and not list(tmp_path.iterdir())
+
+
+def test_an_unwritable_folder_is_skipped(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("RECAP_CACHE", "1")
+    monkeypatch.setenv("RECAP_CACHE_DIR", str(blocked / "sub"))
+    measurements.store("y.json", {"a": 1})  # no error
+    assert measurements.load("y.json") is None

@@ -1,0 +1,57 @@
+"""Seeding budgeted like the tree (recap.seeding): where the head is dear, only the prompt's
+last positions seed the memories; outputs never change."""
+
+import copy
+
+import numpy as np
+import torch
+from session_spy import DrafterSpy
+from tiny_models import text_family
+
+import recap
+from recap import seeding
+from recap.model_state import state_of
+
+
+def test_positions_follow_the_heads_share():
+    assert seeding.positions(693, 0.45) == 154  # 10% of the forward's time
+    assert seeding.positions(693, 0.01) == 693  # a cheap head: every position
+    assert seeding.positions(30, 5.0) == 30 and seeding.positions(1000, 5.0) == seeding.SEED_MIN
+    assert seeding.positions(50, 0.0) == 50
+
+
+def test_a_dear_head_seeds_only_the_prompts_end_and_output_is_unchanged():
+    model = copy.deepcopy(text_family("Llama"))
+    prompt = torch.tensor([list(range(3, 43)) * 5])  # 200 tokens
+    want = model.generate(prompt, max_new_tokens=24, do_sample=False)
+    for share, rows in ((1e3, seeding.SEED_MIN), (1e-3, 200)):
+        dec = recap.Decoder(model)
+        dec.calibrate()
+        dec._head_share = share
+        spy = DrafterSpy.install(dec)
+        assert torch.equal(dec.generate(prompt, max_new_tokens=24), want)
+        assert len(spy.seeded[-1]) == rows and spy.starts[-1] == 200 - rows
+
+
+def test_the_share_is_measured_once_per_model():
+    model = copy.deepcopy(text_family("Qwen2"))
+    dec = recap.Decoder(model)
+    dec.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2)
+    share = state_of(model).head_share
+    assert share is not None and share > 0 and dec._head_share == share
+    assert recap.Decoder(model, drafter="pld")._head_share is None  # no memory: nothing to seed
+
+
+def test_seed_rows_land_at_their_start():
+    d = recap.Drafter.tr(64, k=2)
+    with d.session() as s:
+        s.begin(np.arange(10, 20))
+        ids = np.tile(np.array([[1, 2]]), (4, 1))
+        s.seed(ids, np.full((4, 2), 0.5, dtype=np.float32), start=6)  # rows of tokens 16..19
+        assert len(s.memory) == 4
+        try:
+            s.seed(ids, np.full((4, 2), 0.5, dtype=np.float32), start=7)
+        except ValueError as e:
+            assert "from position 7" in str(e)
+        else:
+            raise AssertionError("seed rows past the history were accepted")
