@@ -190,10 +190,9 @@ def test_what_cannot_be_done_raises_naming_the_argument(kwargs, fragment):
         recap.Decoder(model).generate(ids, **kwargs)
 
 
-def test_batches_and_padding_are_refused_in_model_generate_too():
+def test_right_padding_is_refused_in_model_generate_too():
     model = text_family("Llama")
-    with pytest.raises(ValueError, match="batch size 1"):
-        model.generate(torch.tensor([[5, 6], [7, 8]]), custom_generate=recap.generate, pad_token_id=0)
-    ids = torch.tensor([[0, 5, 6]])
-    with pytest.raises(ValueError, match="padding"):
-        model.generate(ids, attention_mask=torch.tensor([[0, 1, 1]]), custom_generate=recap.generate, pad_token_id=0)
+    ids = torch.tensor([[5, 6, 0], [7, 8, 9]])
+    with pytest.raises(ValueError, match="not left-padded"):
+        model.generate(ids, attention_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]), custom_generate=recap.generate,
+                       pad_token_id=0, max_new_tokens=4)

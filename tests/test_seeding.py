@@ -4,17 +4,17 @@ last positions seed the memories; outputs never change."""
 import copy
 
 import numpy as np
+import recap
 import torch
+from recap import seeding
+from recap.model_state import state_of
 from session_spy import DrafterSpy
 from tiny_models import text_family
 
-import recap
-from recap import seeding
-from recap.model_state import state_of
-
 
 def test_positions_follow_the_heads_share():
-    assert seeding.positions(693, 0.45) == 154  # 10% of the forward's time
+    assert seeding.positions(2000, 0.1) == 800  # SEED_SHARE (4%) of the forward's time
+    assert seeding.positions(693, 0.45) == seeding.SEED_MIN
     assert seeding.positions(693, 0.01) == 693  # a cheap head: every position
     assert seeding.positions(30, 5.0) == 30 and seeding.positions(1000, 5.0) == seeding.SEED_MIN
     assert seeding.positions(50, 0.0) == 50

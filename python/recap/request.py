@@ -63,7 +63,7 @@ class Request:
         return self.return_dict and (self.output_scores or self.output_logits)
 
 
-def _check_input_ids(model, input_ids: Any, attention_mask, model_inputs: dict) -> torch.Tensor:
+def _check_input_ids(model, input_ids: Any, attention_mask, model_inputs: dict) -> tuple[torch.Tensor, Any]:
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids: expected a torch.Tensor shaped [batch, seq], got {type(input_ids).__name__}")
     if input_ids.dim() == 1:
@@ -73,13 +73,15 @@ def _check_input_ids(model, input_ids: Any, attention_mask, model_inputs: dict) 
     if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids: expected at least one prompt of at least one token, got shape "
                          f"{tuple(input_ids.shape)}")
-    if attention_mask is not None:
-        _check_left_padding(input_ids, attention_mask)
     device = model.get_input_embeddings().weight.device
     for name, value in [("input_ids", input_ids), *model_inputs.items()]:
         if isinstance(value, torch.Tensor) and value.device != device:
             raise ValueError(f"{name}: expected a tensor on the model's device {device}, got one on {value.device}")
-    return input_ids
+    if attention_mask is not None:
+        _check_left_padding(input_ids, attention_mask)
+    elif input_ids.shape[0] > 1:
+        attention_mask = torch.ones_like(input_ids)  # no mask: every row is a whole prompt
+    return input_ids, attention_mask
 
 
 def _check_left_padding(input_ids: torch.Tensor, mask: Any) -> None:
@@ -216,7 +218,7 @@ def from_call(model, input_ids, attention_mask, *, max_new_tokens, max_length, e
     for name in ("use_cache",):
         model_inputs.pop(name, None)
     model._validate_model_kwargs(dict(model_inputs))
-    input_ids = _check_input_ids(model, input_ids, attention_mask, model_inputs)
+    input_ids, attention_mask = _check_input_ids(model, input_ids, attention_mask, model_inputs)
     prompt_len = input_ids.shape[1]
     source = generation_config if generation_config is not None else model.generation_config
     max_new = _max_new(prompt_len, max_new_tokens, max_length, source)
@@ -243,7 +245,7 @@ def from_transformers(model, input_ids, logits_processor, stopping_criteria, gen
         raise ValueError("recap.generate starts from the prompt; a filled cache (past_key_values) is not supported")
     for name in PREPARED_BY_GENERATE:
         model_kwargs.pop(name, None)
-    input_ids = _check_input_ids(model, input_ids, attention_mask, model_kwargs)
+    input_ids, attention_mask = _check_input_ids(model, input_ids, attention_mask, model_kwargs)
     prompt_len = input_ids.shape[1]
     max_new = gen.max_length - prompt_len
     if max_new <= 0:

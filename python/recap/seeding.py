@@ -24,7 +24,7 @@ import torch
 from recap import measurements
 from recap.model_state import state_of
 
-SEED_SHARE = 0.1  # seeding may add this share of the prefill's forward time
+SEED_SHARE = 0.04  # seeding may add this share of the prefill's forward time
 SEED_MIN = 64  # the prompt's last positions are always seeded
 CHUNK = 256  # positions per head call (bounds memory)
 PROBE_TOKENS = 128
@@ -66,7 +66,9 @@ def head_share(adapter) -> float:
         return state.head_share
     device = adapter.lm_head.weight.device
     gen = torch.Generator().manual_seed(5)
-    ids = torch.randint(3, max(adapter.vocab_size - 1, 4), (1, PROBE_TOKENS), generator=gen).to(device)
+    ids = torch.randint(3, max(adapter.vocab_size - 1, 4), (1, PROBE_TOKENS), generator=gen)
+    # Never an image placeholder: it would read as an image prompt without its pixels.
+    ids = ids.masked_fill(torch.isin(ids, torch.tensor(sorted(adapter.excluded), dtype=torch.long)), 3).to(device)
     hidden = torch.randn(PROBE_TOKENS, adapter.lm_head.weight.shape[1], generator=gen).to(device, adapter.dtype)
 
     def forward() -> None:
