@@ -29,6 +29,7 @@ import torch
 from recap import seeding
 from recap.kv_cache import SlabCache, SlabLayer
 from recap.step_buffers import masked_value
+from recap.tree_pass import prompt_forward
 
 
 def _zero_padding(pads: torch.Tensor, thread: int):
@@ -126,27 +127,10 @@ class BatchTreePass:
         return torch.stack(last), seeds
 
     def _run(self, input_ids, attention_mask, inputs: dict, cache, seed_rows: bool):
-        """One prefill forward into `cache`: (the last position's logits, the final hidden
-        states when seeding)."""
-        captured: list[torch.Tensor] = []
-        norm = self.adapter.final_norm if seed_rows else None
-        me = threading.get_ident()
-
-        def capture(_m, _i, o):
-            if threading.get_ident() == me:
-                captured.append(o)
-
-        handles = [norm.register_forward_hook(capture)] if norm is not None else []
-        if attention_mask is not None and bool((attention_mask == 0).any()):
-            hook = _zero_padding(attention_mask == 0, me)
-            handles += [layer.register_forward_hook(hook) for layer in self.adapter.decoder_layers]
-        try:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                             **{self.adapter.cache_keyword: cache}, use_cache=True, logits_to_keep=1, **inputs)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return out.logits[:, -1], (captured[-1] if captured else None)
+        """One prefill forward into `cache` (`tree_pass.prompt_forward`), padding rows zeroed."""
+        pads = None if attention_mask is None else attention_mask == 0
+        hook = _zero_padding(pads, threading.get_ident()) if pads is not None and bool(pads.any()) else None
+        return prompt_forward(self.adapter, cache, input_ids, attention_mask, inputs, seed_rows, hook)
 
     def _padded_prefill(self, input_ids, attention_mask, model_inputs: dict, head_share: float | None):
         """The prompts as one left-padded batch, with the position ids batched `generate`

@@ -25,6 +25,32 @@ from recap.kv_cache import DEFAULT_CAPACITY, SlabCache
 from recap.step_buffers import StepBuffers
 
 
+def prompt_forward(adapter, cache, input_ids, attention_mask, inputs: dict, capture_hidden: bool,
+                   layer_hook=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One prefill forward into `cache`: (the last position's logits [B, V], the final hidden
+    states [B, L, hidden] when `capture_hidden`, taken at the last norm, so the head never
+    runs over the whole prompt here). `layer_hook` is a forward hook for every decoder layer.
+    Hooks act only on this thread's forward: the model is shared with other threads."""
+    captured: list[torch.Tensor] = []
+    me = threading.get_ident()
+
+    def capture(_m, _i, o):
+        if threading.get_ident() == me:
+            captured.append(o)
+
+    norm = adapter.final_norm if capture_hidden else None
+    handles = [norm.register_forward_hook(capture)] if norm is not None else []
+    if layer_hook is not None:
+        handles += [layer.register_forward_hook(layer_hook) for layer in adapter.decoder_layers]
+    try:
+        out = adapter.model(input_ids=input_ids, attention_mask=attention_mask, **{adapter.cache_keyword: cache},
+                            use_cache=True, logits_to_keep=1, **inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out.logits[:, -1], (captured[-1] if captured else None)
+
+
 class _SlidingMask:
     """The sliding-window layers' mask, in its own preallocated buffer: each step copies the
     full-attention mask's used block and masks what lies outside each node's window (keys
@@ -80,28 +106,14 @@ class TreePass:
         measured cost (`recap.seeding`). Final hidden states are captured at the last norm and
         the head runs over them in chunks, so full-vocabulary logits are never held for the
         whole prompt."""
-        captured: list[torch.Tensor] = []
-        norm = self.adapter.final_norm if head_share is not None else None
-        me = threading.get_ident()  # the norm is shared: other threads' forwards pass this hook too
-
-        def capture(_m, _i, o):
-            if threading.get_ident() == me:
-                captured.append(o)
-
-        handle = norm.register_forward_hook(capture) if norm is not None else None
-        try:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                             **{self.adapter.cache_keyword: self.cache}, use_cache=True, logits_to_keep=1,
-                             **model_inputs)
-        finally:
-            if handle is not None:
-                handle.remove()
+        logits, hidden = prompt_forward(self.adapter, self.cache, input_ids, attention_mask, model_inputs,
+                                        capture_hidden=head_share is not None)
         length = input_ids.shape[1]
         self.past = length
         self.offset = self.adapter.position_offset()
-        n = 0 if not captured or head_share is None else seeding.positions(length, head_share)
-        hidden = captured[-1][0, length - n:] if n else None
-        return out.logits[0, -1], (*seeding.top_rows(self.adapter, hidden, self.k), length - n)
+        n = 0 if hidden is None or head_share is None else seeding.positions(length, head_share)
+        seeded = hidden[0, length - n:] if hidden is not None and n else None
+        return logits[0], (*seeding.top_rows(self.adapter, seeded, self.k), length - n)
 
     # ---- loading a tree into the buffers ----------------------------------------------------
     def draft(self, session) -> tuple[int, int]:

@@ -256,14 +256,15 @@ impl Session {
     ) -> PyResult<(usize, i64)> {
         let session = &mut self.session;
         py.detach(|| session.propose().map(|_| ())).map_err(to_py)?;
-        let bufs = step::TreeBuffers {
+        self.write_tree(
             tokens,
             parents,
             depths,
             positions,
             block,
-        };
-        step::write_tree(self.session.tree(), bufs, masked, position_base)
+            masked,
+            position_base,
+        )
     }
 
     /// Drafts the next tree without cutting it, for a caller that sizes several sessions'
@@ -298,14 +299,15 @@ impl Session {
         let session = &mut self.session;
         py.detach(|| session.cut_ranked(nodes).map(|_| ()))
             .map_err(to_py)?;
-        let bufs = step::TreeBuffers {
+        self.write_tree(
             tokens,
             parents,
             depths,
             positions,
             block,
-        };
-        step::write_tree(self.session.tree(), bufs, masked, position_base)
+            masked,
+            position_base,
+        )
     }
 
     /// `observe` on the verifier's packed output [T, 1 + 2k] as it comes from the device
@@ -353,6 +355,30 @@ impl Session {
     fn __exit__(&mut self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
         self.session.finish();
         false
+    }
+}
+
+impl Session {
+    /// The session's current tree into the caller's buffers (`step::write_tree`).
+    #[allow(clippy::too_many_arguments)]
+    fn write_tree(
+        &self,
+        tokens: PyReadwriteArray1<'_, i64>,
+        parents: PyReadwriteArray1<'_, i64>,
+        depths: PyReadwriteArray1<'_, i64>,
+        positions: PyReadwriteArray1<'_, i64>,
+        block: PyReadwriteArray1<'_, f32>,
+        masked: f32,
+        position_base: i64,
+    ) -> PyResult<(usize, i64)> {
+        let bufs = step::TreeBuffers {
+            tokens,
+            parents,
+            depths,
+            positions,
+            block,
+        };
+        step::write_tree(self.session.tree(), bufs, masked, position_base)
     }
 }
 
