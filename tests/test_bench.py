@@ -83,7 +83,7 @@ def test_bad_drafter_names_are_reported(text, error):
 def test_shipped_prompts_keep_images_for_vision_models_only():
     text_only = load_prompts()
     with_images = load_prompts(images=True)
-    assert {p.set for p in text_only} == {"mt_bench", "humaneval", "summarisation"}
+    assert {p.set for p in text_only} == {"mt_bench", "humaneval", "summarisation", "copy"}
     vqa = [p for p in with_images if p.set == "easy_vqa"]
     assert len(vqa) == 6 and all(p.image.exists() for p in vqa)
     assert any(len(p.turns) == 2 for p in text_only)  # MT-bench keeps both turns
@@ -111,10 +111,11 @@ class FakeClocks:
         self.wall = self.cpu = 0.0
 
 
-def timed_bench(costs: dict[str, float], burst_on: str | None, rounds: int = 3):
+def timed_bench(costs: dict[str, float], burst_on: str | None, rounds: int = 3, slow_second: float = 1.0):
     """A bench whose answers take `costs[label]` seconds of wall time (and twice that of CPU
     time, two threads busy), plus, on `burst_on`'s second round of every prompt, 5 s of wall
-    time without CPU: another program had the machine."""
+    time without CPU: another program had the machine. Drafters other than ar take
+    `slow_second` times as long on the second prompt."""
     clocks = FakeClocks()
     entries = [Entry.parse(n) for n in costs if n != "ar"]
     b = Bench(text_model("Llama"), encode, entries, budget=8, max_new_tokens=6, rounds=rounds,
@@ -124,8 +125,9 @@ def timed_bench(costs: dict[str, float], burst_on: str | None, rounds: int = 3):
 
         def answer(*args, _label=label, _real=dec.generate, _calls=calls, **kwargs):
             out = _real(*args, **kwargs)
-            clocks.wall += costs[_label]
-            clocks.cpu += 2 * costs[_label]
+            cost = costs[_label] * (slow_second if _label != "ar" and len(_calls) >= rounds else 1.0)
+            clocks.wall += cost
+            clocks.cpu += 2 * cost
             if _label == burst_on and len(_calls) % rounds == 1:
                 clocks.wall += 5.0
             _calls.append(1)
@@ -162,6 +164,20 @@ def test_a_burst_of_load_on_one_drafters_round_does_not_make_it_look_slower_and_
     # Totals, as the bench used to divide them, would have made recap look slower than pld.
     total = {label: sum(r.total_s for r in busy.runs if r.label == label) for label in costs}
     assert total["ar"] / total["recap"] < total["ar"] / total["pld"]
+
+
+def test_each_prompts_speedup_is_reported_and_the_verdict_names_the_slowest():
+    costs = {"ar": 1.0, "recap": 0.5}
+    b = timed_bench(costs, burst_on=None, slow_second=2.5)  # recap: 2.0x, then 0.8x
+    b.run(SINGLE_TURN, progress=False)
+    per = b.per_prompt()
+    first, second = (p.id for p in SINGLE_TURN)
+    assert per[first]["recap"]["speedup"] == pytest.approx(2.0)
+    assert per[second]["recap"]["speedup"] == pytest.approx(0.8)
+    assert "ar" not in per[first]  # ar is the reference, not a column
+    assert f"slowest prompt 0.80x ({second})" in b.verdict()
+    table = b.markdown()
+    assert f"| {first} | 2.00x (" in table and f"| {second} | 0.80x (" in table
 
 
 def test_every_round_starts_from_the_memory_the_prompt_found():

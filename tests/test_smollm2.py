@@ -30,7 +30,7 @@ def test_chat_prompts_equal_greedy_and_summaries_reach_tau(smollm2):
     model, tok = smollm2
     dec = recap.Decoder(model, recap.RecapConfig(budget=16))
     prompts = load_prompts(per_set=1)
-    assert {p.set for p in prompts} == {"mt_bench", "humaneval", "summarisation"}
+    assert {p.set for p in prompts} == {"mt_bench", "humaneval", "summarisation", "copy"}
     for p in prompts:
         ids = encode(tok, p.turns[0])
         want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=64)
@@ -99,3 +99,21 @@ def test_bench_saves_a_memory_and_starts_warm_from_it(tmp_path, capsys):
     assert f"'recap': {rows}" in capsys.readouterr().out
     meta = json.loads((tmp_path / "warm" / "bench.json").read_text())["meta"]
     assert meta["memory"] == str(snap) and meta["skip"] == 1
+
+
+def test_bench_answers_only_the_first_turns_when_asked_and_reports_each_prompt(tmp_path):
+    """--turns 1: MT-bench's second turns are not asked; bench.json carries each prompt's speedup."""
+    import json
+
+    from recap.cli import main
+
+    code = main(["bench", "--drafters", "recap", "--sets", "mt_bench", "--per-set", "1", "--turns", "1",
+                 "--rounds", "1", "--max-new-tokens", "4", "--no-anchor", "--out", str(tmp_path), "--quiet"])
+    assert code == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert {r["turn"] for r in report["runs"]} == {0}
+    (prompt,) = report["per_prompt"]
+    assert prompt.startswith("mt_bench/") and report["per_prompt"][prompt]["recap"]["speedup"] > 0
+    assert "Per prompt" in (tmp_path / "bench.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["bench", "--turns", "0"])

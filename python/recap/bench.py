@@ -339,6 +339,32 @@ class Bench:
                 }
         return out
 
+    def per_prompt(self) -> dict[str, dict[str, dict[str, float]]]:
+        """per_prompt[prompt id][label] = {"speedup": median paired ratio over its rounds, "tau"}
+        for every drafter but ar (the reference)."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for pid in dict.fromkeys(r.prompt for r in self.runs):  # in run order
+            rows = [r for r in self.runs if r.prompt == pid]
+            out[pid] = {}
+            for e in self.entries:
+                mine = [r for r in rows if r.label == e.label]
+                ratios = self._paired_ratios(rows, e.label)
+                if mine and ratios and e.label != "ar":
+                    steps = sum(r.steps for r in mine)
+                    out[pid][e.label] = {"speedup": statistics.median(ratios),
+                                         "tau": sum(r.new_tokens - 1 for r in mine) / max(steps, 1)}
+        return out
+
+    def per_prompt_markdown(self) -> str:
+        """Each prompt's speedup (and tau) per drafter: where a drafter wins or loses."""
+        labels = [e.label for e in self.entries if e.label != "ar"]
+        lines = ["| prompt | " + " | ".join(f"{lab} speedup (tau)" for lab in labels) + " |",
+                 "|---" * (len(labels) + 1) + "|"]
+        for pid, by in self.per_prompt().items():
+            cells = [f"{by[lab]['speedup']:.2f}x ({by[lab]['tau']:.2f})" if lab in by else "-" for lab in labels]
+            lines.append(f"| {pid} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
     def markdown(self) -> str:
         summ = self.summary()
         sets = list(summ)
@@ -365,7 +391,8 @@ class Bench:
             agree = f"{o['mismatches']}/{o['prompts']}" + (f" ({div:.0f})" if div is not None else "")
             lines.append(f"| {e.label} | " + " | ".join(cells) + f" | {iqr} | {prefill} | {o['step_ms']:.1f} | "
                          f"{tree} | {host} | {fwd} | {agree} |")
-        lines += ["", self.noise_line()]
+        lines += ["", self.noise_line(), "", "Per prompt (median paired speedup over ar, tau):", "",
+                  self.per_prompt_markdown()]
         return "\n".join(lines)
 
     def noise_line(self) -> str:
@@ -392,9 +419,12 @@ class Bench:
             factor = f["speedup"] if f["speedup"] >= 1.0 else 1.0 / max(f["speedup"], 1e-9)
             same = f["prompts"] - f["mismatches"]
             first = self.first_use_s.get(e.label)
+            speeds = {pid: by[e.label]["speedup"] for pid, by in self.per_prompt().items() if e.label in by}
+            slowest = min(speeds, key=lambda k: speeds[k]) if speeds else None
             lines.append(f"{e.label}: {factor:.2f}x {word} than greedy (interquartile "
                          f"{f['speedup_q1']:.2f}-{f['speedup_q3']:.2f}x over {f['prompts']} prompts x "
                          f"{self.rounds} rounds), outputs identical on {same}/{f['prompts']}"
+                         + (f"; slowest prompt {speeds[slowest]:.2f}x ({slowest})" if slowest is not None else "")
                          + (f"; first use {first:.1f} s" if first is not None else ""))
         return "\n".join(lines + [self.noise_line()])
 
@@ -402,7 +432,7 @@ class Bench:
         folder.mkdir(parents=True, exist_ok=True)
         written = []
         data = {"meta": meta, "summary": self.summary(), "noise": self.noise(), "verdict": self.verdict(),
-                "first_use_s": self.first_use_s,
+                "first_use_s": self.first_use_s, "per_prompt": self.per_prompt(),
                 "runs": [asdict(r) for r in self.runs]}
         (folder / "bench.json").write_text(json.dumps(data, indent=1))
         (folder / "bench.md").write_text(self.markdown() + "\n")

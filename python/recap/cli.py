@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -115,6 +116,17 @@ def _load_local(path: str, dtype: str = "float32"):
     return model, tok, lambda messages, image: _encode(tok, messages), False
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {n}")
+    return n
+
+
 def argv_of(args: argparse.Namespace) -> list[str]:
     """The command line this run was given (as parsed), for the record."""
     return list(getattr(args, "argv", None) or sys.argv[1:])
@@ -198,6 +210,8 @@ def bench(args: argparse.Namespace) -> int:
         model_name = f"{args.model} ({args.dtype})"
     print(f"loaded {model_name} ({torch.get_num_threads()} threads) in {time.perf_counter() - t0:.1f} s")
     prompts = load_prompts(args.prompts, sets=args.sets, per_set=args.per_set, images=vision, skip=args.skip)
+    if args.turns is not None:
+        prompts = [dataclasses.replace(p, turns=p.turns[:args.turns]) for p in prompts]
     if not prompts:
         print(f"no prompts selected (sets {args.sets}); image prompts need a vision-language model", file=sys.stderr)
         return 2
@@ -357,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--no-references", dest="references", action="store_false",
                    help="with --batch: skip the batch-1 RECAP, prompt lookup and greedy reference runs")
     b.add_argument("--skip", type=int, default=0, help="skip the first N prompts of each data set")
+    b.add_argument("--turns", type=_positive, default=None,
+                   help="answer at most the first N turns of each prompt (default: all)")
     b.add_argument("--memory", default=None,
                    help="start every persistent memory from this snapshot (made with --save-memory)")
     b.add_argument("--save-memory", default=None, help="write the recap drafter's memory here after the run")
