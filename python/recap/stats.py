@@ -81,6 +81,9 @@ class GenerationStats:
             "offered_nodes": self.offered_nodes,
             "predicted_accepted": self.predicted_accepted,
             "observed_accepted": self.observed_accepted,
+            # Steps that verified the root alone: the budget found nothing worth drafting,
+            # or the request's drafting was paused because it did not pay (recap.budget).
+            "undrafted_steps": sum(1 for t in self.tree_sizes if t == 1),
             "cost": self.cost,
             "routing": self.routing,
             "rows": self.rows,

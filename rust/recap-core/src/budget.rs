@@ -2,13 +2,20 @@
 //! committed tokens per unit of time, E[accepted + 1] / cost(nodes).
 //!
 //! Every node gets an acceptance probability from an online calibration table (a node is
-//! accepted when it lies on the verified path): tree-search nodes are bucketed by their
-//! best-first path score, copied-text nodes (suffix chains) by chain depth and match length.
-//! Buckets start from a prior (the path score itself; a flat value for chains) and move to
-//! the observed rates as evidence accumulates.
+//! accepted when it lies on the verified path). Tree-search nodes are bucketed by their
+//! best-first path score, and their bucket's rate is their probability (capped by their
+//! parent's). Copied-text nodes (suffix chains) are priced by how often a chain holds one
+//! more token once it held up to its parent: a hold rate per chain depth and length of the
+//! match that produced the chain (a chain after a 40-token match breaks far less often than
+//! one after a 4-token match), and a node's probability is its parent's times that rate. The
+//! rate of a depth not yet observed is the rate of its match length over every depth, so a
+//! long copy's 40th token is priced from how its first 20 held, not from a guess that would
+//! never let it be verified. Buckets start from a prior (the path score itself; for chains, a
+//! hold rate that grows with the match) and move to the observed rates as evidence
+//! accumulates.
 //!
-//! Nodes are then taken greedily by (optimistic) probability (a node only after its parent,
-//! its probability capped by its parent's), and the prefix with the best expected tokens per
+//! Nodes are then taken greedily by (optimistic) probability (a node only after its parent),
+//! and the prefix with the best expected tokens per
 //! second wins. `cost[n - 1]` is the time of a verification pass over n tree tokens
 //! (root included), measured by the caller.
 
@@ -19,24 +26,47 @@ use crate::error::{Error, Result};
 use crate::tree::{children_csr, DraftTree, NodeSource};
 
 const SCORE_BUCKETS: usize = 64;
-const CHAIN_DEPTHS: usize = 16;
-const MATCH_BUCKETS: usize = 4;
+/// Chain depths 1-16 one by one, then 17-24, 25-32, ..., 57-64 and beyond.
+const CHAIN_DEPTHS: usize = 22;
+/// Match lengths 0-1, 2-3, 4-7, 8-15, 16-31, 32 and more.
+const MATCH_BUCKETS: usize = 6;
 const BUCKETS: usize = SCORE_BUCKETS + CHAIN_DEPTHS * MATCH_BUCKETS;
+/// The prior hold rate of a chain (its next token, given the chain held so far), per match
+/// bucket.
+const CHAIN_HOLD: [f32; MATCH_BUCKETS] = [0.5, 0.6, 0.7, 0.8, 0.88, 0.93];
 /// Pseudo-observations the prior is worth.
 const PRIOR_WEIGHT: f32 = 2.0;
 /// Selection uses optimistic probabilities: the estimate plus this many standard errors
-/// (an upper confidence bound). Thinly observed buckets, whose prior from the path score
-/// is pessimistic, are then verified, observed and corrected instead of never being tried;
-/// well-observed buckets keep their estimate.
+/// (an upper confidence bound). Thinly observed buckets, whose prior is pessimistic, are
+/// then verified, observed and corrected instead of never being tried; well-observed buckets
+/// keep their estimate. Where that optimism does not pay in a request, the backoff below
+/// stops drafting.
 const OPTIMISM: f32 = 1.0;
-const CHAIN_PRIOR: f32 = 0.3;
+/// The backoff, per request: the realized gain of the steps that drafted (accepted + 1
+/// tokens for a pass costing c(n) / c(1) one-token steps, by the controller's own curve) is
+/// kept as an average with weight REALIZED_EMA; once BACKOFF_AFTER drafted steps have been
+/// judged and it is below 1 (drafting loses to plain decoding), the request drafts nothing
+/// for the next pause (BACKOFF_FIRST steps, doubling on each pause that follows another, up
+/// to BACKOFF_MAX), then drafts again: a stretch of open text stops costing within a few
+/// steps, and a stretch of copying that follows is found at the next try.
+const REALIZED_EMA: f32 = 0.25;
+const BACKOFF_AFTER: u32 = 4;
+const BACKOFF_FIRST: u32 = 8;
+const BACKOFF_MAX: u32 = 64;
 /// Counts are halved when a bucket reaches this, so the table follows drift.
 const HALF_LIFE: f32 = 2000.0;
-/// Every EXPLORE_EVERY-th tree keeps at least the next of EXPLORE_NODES nodes, so buckets the
-/// current estimates would never verify still get observed (and can prove themselves), and
-/// the caller's cost curve gets real timings at several sizes, not only at the usual one.
-const EXPLORE_EVERY: u64 = 8;
+/// Exploration: a tree may keep more nodes than the estimates pay for (the next of
+/// EXPLORE_NODES, in turn), so buckets the current estimates would never verify still get
+/// observed (and can prove themselves), and the caller's cost curve gets real timings at
+/// several sizes. What that costs beyond the best choice is paid from a credit that grows by
+/// EXPLORE_SHARE of every chosen pass's time, so exploring never costs more than that share
+/// of the decoding time: often where extra nodes are nearly free (an accelerator), rarely
+/// where each one costs (a CPU), and not at all when the tree offers nothing to try.
+const EXPLORE_SHARE: f32 = 0.02;
 const EXPLORE_NODES: [usize; 4] = [8, 16, 24, 32];
+/// The credit saved up is capped at this many best passes (no burst of exploration after a
+/// long quiet stretch).
+const EXPLORE_CREDIT_CAP: f32 = 4.0;
 
 #[derive(Clone, Copy, Debug)]
 struct Frontier {
@@ -60,6 +90,36 @@ impl Ord for Frontier {
     }
 }
 
+/// The per-request backoff state (see BACKOFF_AFTER).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Backoff {
+    /// Average realized gain of the drafted steps since the last pause.
+    realized: f32,
+    /// Drafted steps judged since the last pause.
+    judged: u32,
+    /// Steps left in the current pause.
+    pause_left: u32,
+    /// The next pause's length.
+    next_pause: u32,
+    /// The last selection explored (its steps are not judged: they draft past what pays).
+    explored: bool,
+    /// Pauses so far in this request.
+    pauses: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            realized: 1.0,
+            judged: 0,
+            pause_left: 0,
+            next_pause: BACKOFF_FIRST,
+            explored: false,
+            pauses: 0,
+        }
+    }
+}
+
 /// What the last selection predicted (for statistics).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Selection {
@@ -76,6 +136,9 @@ pub struct AutoBudget {
     cost: Vec<f32>,
     hits: Vec<f32>,
     counts: Vec<f32>,
+    /// Chain observations per match bucket, over every depth (the depth buckets' prior).
+    pooled_hits: [f32; MATCH_BUCKETS],
+    pooled_counts: [f32; MATCH_BUCKETS],
     heap: BinaryHeap<Frontier>,
     prob: Vec<f32>,
     mean: Vec<f32>,
@@ -83,10 +146,12 @@ pub struct AutoBudget {
     children_start: Vec<u32>,
     children: Vec<u32>,
     last: Selection,
-    trees: u64,
+    explored: usize,
+    credit: f32,
     /// The last ranking's cumulative optimistic and mean expectations.
     gains: Vec<f32>,
     expected: Vec<f32>,
+    backoff: Backoff,
 }
 
 impl AutoBudget {
@@ -95,6 +160,8 @@ impl AutoBudget {
             cost: Vec::new(),
             hits: vec![0.0; BUCKETS],
             counts: vec![0.0; BUCKETS],
+            pooled_hits: [0.0; MATCH_BUCKETS],
+            pooled_counts: [0.0; MATCH_BUCKETS],
             heap: BinaryHeap::new(),
             prob: Vec::new(),
             mean: Vec::new(),
@@ -102,9 +169,11 @@ impl AutoBudget {
             children_start: Vec::new(),
             children: Vec::new(),
             last: Selection::default(),
-            trees: 0,
+            explored: 0,
+            credit: 0.0,
             gains: Vec::new(),
             expected: Vec::new(),
+            backoff: Backoff::default(),
         };
         b.set_cost(cost)?;
         Ok(b)
@@ -137,16 +206,11 @@ impl AutoBudget {
     fn bucket(tree: &DraftTree, i: usize) -> usize {
         match tree.sources[i] {
             NodeSource::Suffix => {
-                let depth = (tree.depths[i] as usize).clamp(1, CHAIN_DEPTHS) - 1;
                 // Chains carry the match length that produced them as their score.
                 let m = tree.scores[i].max(0.0) as usize;
-                let mb = match m {
-                    0..=1 => 0,
-                    2..=3 => 1,
-                    4..=7 => 2,
-                    _ => 3,
-                };
-                SCORE_BUCKETS + depth * MATCH_BUCKETS + mb
+                let mb = (usize::BITS - (m | 1).leading_zeros()) as usize - 1; // floor(log2)
+                let depth = Self::depth_bucket(tree.depths[i] as usize);
+                SCORE_BUCKETS + depth * MATCH_BUCKETS + mb.min(MATCH_BUCKETS - 1)
             }
             _ => {
                 let s = tree.scores[i].max(1e-12);
@@ -155,18 +219,37 @@ impl AutoBudget {
         }
     }
 
-    fn prior(bucket: usize) -> f32 {
-        if bucket < SCORE_BUCKETS {
-            (2.0f32).powf(-(bucket as f32) / 4.0)
+    fn depth_bucket(depth: usize) -> usize {
+        let d = depth.max(1);
+        if d <= 16 {
+            d - 1
         } else {
-            CHAIN_PRIOR
+            (16 + (d - 17) / 8).min(CHAIN_DEPTHS - 1)
         }
     }
 
-    /// Calibrated acceptance probability of a bucket.
+    fn is_chain(bucket: usize) -> bool {
+        bucket >= SCORE_BUCKETS
+    }
+
+    fn match_bucket(bucket: usize) -> usize {
+        (bucket - SCORE_BUCKETS) % MATCH_BUCKETS
+    }
+
+    /// A score bucket's prior acceptance; a chain bucket's prior hold rate (its match
+    /// bucket's rate over every depth, itself starting from CHAIN_HOLD).
+    fn prior(&self, bucket: usize) -> f32 {
+        if !Self::is_chain(bucket) {
+            return (2.0f32).powf(-(bucket as f32) / 4.0);
+        }
+        let m = Self::match_bucket(bucket);
+        (self.pooled_hits[m] + PRIOR_WEIGHT * CHAIN_HOLD[m]) / (self.pooled_counts[m] + PRIOR_WEIGHT)
+    }
+
+    /// Calibrated rate of a bucket: a score bucket's acceptance probability, a chain
+    /// bucket's hold rate.
     pub fn probability(&self, bucket: usize) -> f32 {
-        (self.hits[bucket] + PRIOR_WEIGHT * Self::prior(bucket))
-            / (self.counts[bucket] + PRIOR_WEIGHT)
+        (self.hits[bucket] + PRIOR_WEIGHT * self.prior(bucket)) / (self.counts[bucket] + PRIOR_WEIGHT)
     }
 
     /// The probability plus OPTIMISM standard errors, at most 1.
@@ -201,12 +284,12 @@ impl AutoBudget {
         self.prob.resize(n, 1.0);
         self.mean.clear();
         self.mean.resize(n, 1.0);
+        self.expected.clear();
+        self.expected.push(0.0);
         self.order.clear();
         self.heap.clear();
         self.gains.clear();
         self.gains.push(0.0);
-        self.expected.clear();
-        self.expected.push(0.0);
         let push_children = |b: &mut Self, v: usize| {
             let (s, e) = (
                 b.children_start[v] as usize,
@@ -215,9 +298,13 @@ impl AutoBudget {
             for j in s..e {
                 let c = b.children[j] as usize;
                 let bucket = Self::bucket(tree, c);
-                let p = b.optimistic(bucket).min(b.prob[v]);
+                let (p, mean) = if Self::is_chain(bucket) {
+                    (b.prob[v] * b.optimistic(bucket), b.mean[v] * b.probability(bucket))
+                } else {
+                    (b.optimistic(bucket).min(b.prob[v]), b.probability(bucket).min(b.mean[v]))
+                };
                 b.prob[c] = p;
-                b.mean[c] = b.probability(bucket).min(b.mean[v]);
+                b.mean[c] = mean;
                 b.heap.push(Frontier { p, node: c as u32 });
             }
         };
@@ -252,33 +339,108 @@ impl AutoBudget {
         };
     }
 
-    /// Marks in `keep` the nodes of the best prefix (root always kept).
+    /// Marks in `keep` the nodes of the best prefix (root always kept), or, when the
+    /// exploration credit covers its extra cost, the next exploration size.
     pub fn select(&mut self, tree: &DraftTree, keep: &mut Vec<bool>) {
         self.rank(tree);
-        let explore = self.trees % EXPLORE_EVERY == EXPLORE_EVERY - 1;
-        let round = (self.trees / EXPLORE_EVERY) as usize % EXPLORE_NODES.len();
-        self.trees += 1;
-        let min_keep = if explore { EXPLORE_NODES[round] } else { 0 };
         let mut best = (1.0 / self.cost_of(1), 0usize);
         for kept in 1..self.gains.len() {
             let rate = (1.0 + self.gains[kept]) / self.cost_of(kept + 1);
-            if rate > best.0 || kept <= min_keep {
-                best = (rate.max(best.0), kept);
+            if rate > best.0 {
+                best = (rate, kept);
             }
         }
-        self.keep_ranked(best.1, tree.len(), keep);
+        let chosen = self.explore(best.1);
+        self.backoff.explored = chosen > best.1;
+        let chosen = if self.backoff.pause_left > 0 {
+            self.backoff.pause_left -= 1;
+            0
+        } else {
+            chosen
+        };
+        self.keep_ranked(chosen, tree.len(), keep);
     }
 
-    /// Learns from a verified tree: `on_path` lists the accepted node indices.
+    /// A new request: its backoff starts afresh (the calibration carries over).
+    pub fn begin_request(&mut self) {
+        self.backoff = Backoff::default();
+    }
+
+    /// Pauses of drafting in this request so far (for statistics).
+    pub fn pauses(&self) -> u32 {
+        self.backoff.pauses
+    }
+
+    /// Judges a verified step that drafted: `accepted + 1` tokens for a pass over `n` tokens.
+    fn judge(&mut self, n: usize, committed: usize) {
+        if n <= 1 || self.backoff.explored {
+            return;
+        }
+        let gain = committed as f32 * self.cost[0] / self.cost_of(n);
+        let b = &mut self.backoff;
+        b.realized += REALIZED_EMA * (gain - b.realized);
+        b.judged += 1;
+        if b.judged < BACKOFF_AFTER {
+            return;
+        }
+        if b.realized < 1.0 {
+            b.pause_left = b.next_pause;
+            b.next_pause = (2 * b.next_pause).min(BACKOFF_MAX);
+            b.pauses += 1;
+            b.realized = 1.0;
+            b.judged = 0;
+        } else {
+            b.next_pause = BACKOFF_FIRST; // drafting pays again: the next pause starts short
+        }
+    }
+
+    /// The nodes to keep given the best choice `best`: `best`, or more when exploring.
+    fn explore(&mut self, best: usize) -> usize {
+        let pass = self.cost_of(best + 1);
+        self.credit = (self.credit + EXPLORE_SHARE * pass).min(EXPLORE_CREDIT_CAP * pass);
+        let offered = self.order.len();
+        let size = EXPLORE_NODES[self.explored % EXPLORE_NODES.len()].min(offered);
+        if size <= best {
+            return best;
+        }
+        let extra = self.cost_of(size + 1) - pass;
+        if extra > EXPLORE_CREDIT_CAP * pass {
+            self.explored += 1; // never affordable here: try the next size next time
+            return best;
+        }
+        if extra > self.credit {
+            return best;
+        }
+        self.credit -= extra;
+        self.explored += 1;
+        size
+    }
+
+    /// Learns from a verified tree: `on_path` lists the accepted node indices (root first).
     pub fn learn(&mut self, tree: &DraftTree, on_path: &[usize]) {
+        self.judge(tree.len(), on_path.len());
         let mut accepted = vec![false; tree.len()];
         for &i in on_path {
             accepted[i] = true;
         }
+        let hit_of = |h: bool| h as u8 as f32;
         for (i, &hit) in accepted.iter().enumerate().skip(1) {
             let b = Self::bucket(tree, i);
+            if Self::is_chain(b) {
+                // A hold rate: observed only where the chain held up to the parent.
+                if !accepted[tree.parents[i] as usize] {
+                    continue;
+                }
+                let m = Self::match_bucket(b);
+                self.pooled_counts[m] += 1.0;
+                self.pooled_hits[m] += hit_of(hit);
+                if self.pooled_counts[m] >= HALF_LIFE {
+                    self.pooled_counts[m] *= 0.5;
+                    self.pooled_hits[m] *= 0.5;
+                }
+            }
             self.counts[b] += 1.0;
-            self.hits[b] += hit as u8 as f32;
+            self.hits[b] += hit_of(hit);
             if self.counts[b] >= HALF_LIFE {
                 self.counts[b] *= 0.5;
                 self.hits[b] *= 0.5;
@@ -286,8 +448,9 @@ impl AutoBudget {
         }
     }
 
-    /// (bucket kind, key, prior, observed count, calibrated probability) for every bucket
-    /// with observations.
+    /// (bucket kind, key, prior, observed count, calibrated rate) for every bucket with
+    /// observations: "score" buckets give acceptance probabilities, "chain" buckets (key:
+    /// depth bucket x 6 + match bucket) hold rates.
     pub fn calibration(&self) -> Vec<(&'static str, u32, f32, f32, f32)> {
         (0..BUCKETS)
             .filter(|&b| self.counts[b] > 0.0)
@@ -300,7 +463,7 @@ impl AutoBudget {
                 (
                     kind,
                     key,
-                    Self::prior(b),
+                    self.prior(b),
                     self.counts[b],
                     self.probability(b),
                 )
@@ -395,6 +558,134 @@ mod tests {
         // The likely chain ranks before the unlikely sibling.
         b.keep_ranked(6, t.len(), &mut keep);
         assert!(keep[..7].iter().all(|&k| k) && !keep[7]);
+    }
+
+    #[test]
+    fn exploring_costs_at_most_its_share_of_the_time() {
+        // 40 unlikely nodes: the best choice is always none, so every kept node explores.
+        let mut t = DraftTree::default();
+        t.reset(1, [NO_TOKEN, NO_TOKEN]);
+        let mut v = 0;
+        for d in 1..=40u32 {
+            v = t.push(v, 10 + d, 1e-6, NodeSource::Search);
+        }
+        t.into_preorder();
+        let cost: Vec<f32> = (1..=64).map(|n| 1.0 + 0.1 * n as f32).collect();
+        let mut b = AutoBudget::new(cost.clone()).unwrap();
+        let mut keep = Vec::new();
+        let (steps, mut spent, mut explored) = (2000, 0.0f32, 0);
+        for _ in 0..steps {
+            b.select(&t, &mut keep);
+            let kept = b.last().kept;
+            spent += cost[kept] - cost[0];
+            explored += (kept > 0) as usize;
+        }
+        assert!(explored >= 10, "{explored} explorations");
+        let budget = EXPLORE_SHARE * steps as f32 * cost[0];
+        assert!(spent <= budget + EXPLORE_CREDIT_CAP * cost[0], "{spent} > {budget}");
+        // Where every extra node costs a whole pass, the largest sizes are never affordable
+        // and are skipped, not waited for.
+        let mut steep = AutoBudget::new((1..=64).map(|n| n as f32).collect()).unwrap();
+        let mut sizes = std::collections::BTreeSet::new();
+        for _ in 0..steps {
+            steep.select(&t, &mut keep);
+            sizes.insert(steep.last().kept);
+        }
+        assert_eq!(sizes.into_iter().collect::<Vec<_>>(), vec![0]);
+    }
+
+    #[test]
+    fn chain_buckets_follow_depth_and_match_length() {
+        let mut t = DraftTree::default();
+        t.reset(1, [NO_TOKEN, NO_TOKEN]);
+        let mut v = 0;
+        for d in 1..=64u32 {
+            v = t.push(v, 10 + d, 40.0, NodeSource::Suffix); // after a 40-token match
+        }
+        t.push(0, 7, 3.0, NodeSource::Suffix); // after a 3-token match
+        t.into_preorder();
+        let b: Vec<usize> = (1..t.len()).map(|i| AutoBudget::bucket(&t, i)).collect();
+        assert!(b.iter().all(|&x| (SCORE_BUCKETS..BUCKETS).contains(&x)));
+        let long: Vec<usize> = b[..64].to_vec();
+        assert!(long.windows(2).all(|w| w[0] <= w[1])); // deeper, never an earlier bucket
+        let distinct: std::collections::BTreeSet<_> = long.iter().collect();
+        assert_eq!(distinct.len(), CHAIN_DEPTHS); // 16 single depths, then six of 8
+        assert_ne!(b[64], long[0]); // same depth, shorter match: its own bucket
+        let fresh = AutoBudget::new(vec![1.0; 80]).unwrap();
+        assert!(fresh.prior(b[64]) < fresh.prior(long[0])); // a shorter match holds less
+        let mut ranked = fresh.clone();
+        ranked.rank(&t);
+        let probs: Vec<f32> = (1..=64).map(|i| ranked.mean[i]).collect();
+        assert!(probs.windows(2).all(|w| w[0] > w[1])); // each token: its parent's times the hold
+    }
+
+    #[test]
+    fn backs_off_to_no_drafts_when_nothing_is_accepted_and_comes_back() {
+        // A CPU-like curve: each node costs 5% of a pass.
+        let cost: Vec<f32> = (1..=64).map(|n| 1.0 + 0.05 * (n - 1) as f32).collect();
+        let t = chain(8);
+        let mut b = AutoBudget::new(cost).unwrap();
+        let mut keep = Vec::new();
+        b.select(&t, &mut keep);
+        assert!(b.last().kept > 0); // the path scores (0.9^d) promise acceptance
+        // Each step verifies the cut tree and learns from it, as a session does.
+        let mut step = |b: &mut AutoBudget, accept: bool| {
+            b.select(&t, &mut keep);
+            let mut cut = t.clone();
+            cut.retain(&keep);
+            let on: Vec<usize> = if accept { (0..cut.len()).collect() } else { vec![0] };
+            b.learn(&cut, &on);
+            b.last().kept
+        };
+        let kept: Vec<usize> = (0..40).map(|_| step(&mut b, false)).collect(); // nothing accepted
+        let first_zero = kept.iter().position(|&k| k == 0).unwrap();
+        assert!(first_zero <= BACKOFF_AFTER as usize, "backed off only after {first_zero} steps: {kept:?}");
+        // Each try that fails pauses twice as long: most of the later steps draft nothing.
+        let drafted_late = kept[10..].iter().filter(|&&k| k > 0).count();
+        assert!(drafted_late <= 10, "{kept:?}");
+        assert!(b.pauses() >= 3, "{kept:?}");
+        // A new request starts without a pause (its calibration carries over).
+        let mut next = b.clone();
+        next.begin_request();
+        assert_eq!(next.pauses(), 0);
+        assert_eq!(next.backoff, Backoff::default());
+        // Acceptance returns (the chain holds whenever verified): exploring finds it again.
+        let kept: Vec<usize> = (0..300).map(|_| step(&mut b, true)).collect();
+        let back = kept.iter().position(|&k| k >= 6);
+        assert!(back.is_some(), "never drafted again: {kept:?}");
+        assert!(kept[kept.len() - 10..].iter().all(|&k| k >= 6), "{kept:?}");
+    }
+
+    #[test]
+    fn a_long_copy_is_verified_past_the_depths_observed_so_far() {
+        let chain_of = |len: u32| {
+            let mut t = DraftTree::default();
+            t.reset(1, [NO_TOKEN, NO_TOKEN]);
+            let mut v = 0;
+            for d in 1..=len {
+                v = t.push(v, 10 + d, 40.0, NodeSource::Suffix); // after a 40-token match
+            }
+            t.into_preorder();
+            t
+        };
+        // A CPU-like curve: each node costs 3% of a pass.
+        let cost: Vec<f32> = (1..=80).map(|n| 1.0 + 0.03 * (n - 1) as f32).collect();
+        let mut b = AutoBudget::new(cost).unwrap();
+        let short = chain_of(16);
+        for _ in 0..30 {
+            b.learn(&short, &(0..=16).collect::<Vec<_>>()); // every copied token held
+        }
+        let long = chain_of(64);
+        let mut keep = Vec::new();
+        b.select(&long, &mut keep);
+        assert!(b.last().kept > 40, "{:?}", b.last()); // depths never seen, priced by the first 16
+        // Chains that now break at once: the first hold rate falls, and every deeper token
+        // (its parent's probability times its own rate) with it.
+        for _ in 0..60 {
+            b.learn(&short, &[0]);
+        }
+        b.select(&long, &mut keep);
+        assert!(b.last().kept < 16, "{:?}", b.last());
     }
 
     #[test]

@@ -168,6 +168,9 @@ impl DraftSession {
         self.history.extend_from_slice(context);
         self.awaiting_verification = false;
         self.ranked = false;
+        if let Some(b) = &mut self.auto_budget {
+            b.begin_request();
+        }
         self.drafter.begin_request(context);
         self.open = true;
         Ok(())

@@ -113,8 +113,11 @@ impl DraftTree {
     }
 
     /// Appends `tokens` as a chain below the root, reusing existing children, and stops at
-    /// the first excluded token or at `max_depth`. New nodes get `score` (copied-text
-    /// drafters store the match length there). Returns the number of tokens placed.
+    /// the first excluded token or at `max_depth`. Its nodes get `score` (copied-text
+    /// drafters store the match length there) and `source`, reused ones too: a token both the
+    /// search and the copy propose is priced as the copy (the match is evidence about this
+    /// very context; a search score's rate is an average over all of them), and the chain
+    /// below it keeps its price. Returns the number of tokens placed.
     pub fn graft_chain(
         &mut self,
         tokens: &[u32],
@@ -129,7 +132,11 @@ impl DraftTree {
                 return placed;
             }
             node = match self.child_with_token(node, tok) {
-                Some(existing) => existing,
+                Some(existing) => {
+                    self.scores[existing] = score;
+                    self.sources[existing] = source;
+                    existing
+                }
                 None => self.push(node, tok, score, source),
             };
         }
