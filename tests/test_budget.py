@@ -85,7 +85,8 @@ def test_bad_budget_settings_are_rejected():
 def test_auto_decoder_calibrates_once_reports_and_equals_greedy():
     model = text_model("Qwen2")
     dec = recap.Decoder(model)  # budget="auto" is the default
-    assert dec.cost is not None and dec.cost.points[-1] == dec._drafter.max_nodes + 1
+    # First use measures the small trees only (bigger ones join the curve online).
+    assert dec.cost is not None and dec.cost.points == list(recap.budget.POINTS)
     again = recap.Decoder(model)
     assert again.cost is dec.cost  # cached per model, device, dtype and threads
     ids = torch.tensor([[7, 8, 9, 10, 7, 8, 9, 10, 7, 8]])

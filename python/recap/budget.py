@@ -1,13 +1,15 @@
 """The measurement behind ``budget="auto"``: the verification cost c(n) at a few sizes.
 
 c(n) is the time of one verification pass over n tree tokens (root included), top-k and the
-device-to-host copy included, exactly as a decoding step runs it. It is measured once per
-model, device, dtype, thread count and linear layout (a few dozen forward passes, cached with
-the model and across processes, `recap.measurements`) and handed to the drafter
-(`Drafter.set_cost_points`). The controller itself is
-Rust (`recap_core::cost`, `recap_core::budget`): it corrects the curve online from every
-step's timings (the true cost also grows with the context length), adds the host time per
-step, and cuts each tree to the prefix with the most expected committed tokens per second.
+device-to-host copy included, exactly as a decoding step runs it. At first use it is measured
+only for the small trees every request needs (POINTS: 1 to 16 tokens, 15 passes), once per
+model, device, dtype, thread count and linear layout (cached with the model and across
+processes, `recap.measurements`), and handed to the drafter (`Drafter.set_cost_points`).
+The controller itself is Rust (`recap_core::cost`, `recap_core::budget`): it corrects the
+curve online from every step's timings (the true cost also grows with the context length),
+extends it with the real passes the controller asks for past its last point (bigger trees
+are priced by the extrapolation until one has run), adds the host time per step, and cuts
+each tree to the prefix with the most expected committed tokens per second.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from recap import measurements
 from recap.model_state import state_of
 
-POINTS = (1, 2, 4, 8, 16, 32, 64, 128)  # doubling: the curve is near-linear between them, and corrected online
+POINTS = (1, 2, 4, 8, 16)  # doubling: near-linear between them; bigger sizes are added online
 CALIBRATION_PAST = 128  # context tokens in the cache while measuring
 
 
@@ -65,8 +67,7 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
     if isinstance(kept, dict) and kept.get("points") and kept["points"][-1] >= covers:
         per_model[key] = CostModel([int(p) for p in kept["points"]], [float(t) for t in kept["seconds"]])
         return per_model[key]
-    points = [p for p in POINTS if p < max_tokens] + [max_tokens]
-    points = sorted(set(points))
+    points = sorted({p for p in POINTS if p < max_tokens} | {min(max_tokens, POINTS[-1])})
     seconds = _measure(model, new_pass, points, reps)
     per_model[key] = CostModel(points, seconds)
     measurements.store(stored_as, {"points": points, "seconds": seconds})

@@ -8,7 +8,7 @@ costs about half of a whole token's forward, so seeding a whole prompt adds ~45%
 time to first token).
 
 So the share is measured once per model and hardware at first use (`head_share`: the head
-over 128 positions against a 128-token forward, cached with the model and across processes)
+over 32 positions against a 32-token forward, cached with the model and across processes)
 and each prefill seeds the prompt's last positions up to SEED_SHARE of its own forward's
 cost (at least SEED_MIN): all of them where the head is cheap, the end of the prompt where it
 is not. Seeding changes drafts, never outputs.
@@ -27,7 +27,7 @@ from recap.model_state import state_of
 SEED_SHARE = 0.04  # seeding may add this share of the prefill's forward time
 SEED_MIN = 64  # the prompt's last positions are always seeded
 CHUNK = 256  # positions per head call (bounds memory)
-PROBE_TOKENS = 128
+PROBE_TOKENS = 32  # enough rows for the head's per-position cost; a short forward keeps first use cheap
 
 
 def positions(prompt_len: int, head_share: float) -> int:
@@ -77,7 +77,8 @@ def head_share(adapter) -> float:
     def heads() -> None:
         top_rows(adapter, hidden, 8)
 
-    times = [min(_time(f) for _ in range(3)) for f in (forward, heads)]  # the first call of each warms up
+    forward()  # the first call warms up (the head's first call runs inside it)
+    times = [min(_time(f) for _ in range(2)) for f in (forward, heads)]
     share = times[1] / max(times[0], 1e-9)
     state.head_share = share
     measurements.store(name, share)

@@ -1,17 +1,26 @@
 //! The verification cost curve c(n) behind the automatic budget, kept online.
 //!
-//! The caller measures pass times at a few sizes once per model (`points`, `seconds`); every
-//! step then reports the size and time of its verification pass and the host time of the
-//! step before. Each measured point gets a correction factor once real passes of about its
+//! The caller measures pass times at a few small sizes once per model (`points`, `seconds`);
+//! every step then reports the size and time of its verification pass and the host time of
+//! the step before. Each measured point gets a correction factor once real passes of about its
 //! size were seen (MIN_OBSERVATIONS), the others share a global one (the cost drifts with the
 //! context length for every size alike). c(n) is the corrected measurement, made
 //! non-decreasing in n, interpolated (extrapolated past the last point), plus the host time.
+//!
+//! The curve grows online: a pass well past the last point (EXTEND_FACTOR) becomes a new
+//! point, in the measurement's units (its time over the global correction). So first use
+//! measures only the small trees every step needs, and the sizes the controller later asks
+//! for (from the extrapolation, or exploring) are priced by real passes from then on.
 
 use crate::error::{Error, Result};
 
 const EMA: f64 = 0.1;
 const HOST_EMA: f64 = 0.05;
 const MIN_OBSERVATIONS: u32 = 3;
+/// A pass over at least this many times the last point's tokens extends the curve.
+const EXTEND_FACTOR: f64 = 1.5;
+/// The curve never holds more points than this (doublings from 1 reach 4096 in 13).
+const MAX_POINTS: usize = 24;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostCurve {
@@ -97,6 +106,14 @@ impl CostCurve {
         if !(forward_s.is_finite() && forward_s > 0.0) {
             return;
         }
+        let last = self.points[self.points.len() - 1];
+        if tokens as f64 >= EXTEND_FACTOR * last as f64 && self.points.len() < MAX_POINTS {
+            self.points.push(tokens);
+            self.seconds.push(forward_s / self.global_ratio);
+            self.ratio.push(self.global_ratio);
+            self.seen.push(1);
+            return;
+        }
         let i = (0..self.points.len())
             .min_by_key(|&i| self.points[i].abs_diff(tokens))
             .unwrap_or(0);
@@ -173,6 +190,24 @@ mod tests {
         assert!((v[0] - 0.021).abs() < 1e-4, "{}", v[0]); // its own correction, plus host
         assert!((v[63] - 0.081).abs() < 1e-3, "{}", v[63]); // the global one elsewhere
         assert!((c.host_s() - 0.001).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_pass_past_the_last_point_becomes_a_point() {
+        let mut c = CostCurve::new(vec![1, 2, 4, 8, 16], vec![0.010, 0.011, 0.012, 0.014, 0.018])
+            .unwrap();
+        for _ in 0..50 {
+            c.observe(1, 0.020, None); // everything runs at twice the measured time
+        }
+        let before = c.curve(64)[63]; // extrapolated: 0.018 + 48 * 0.0005, doubled
+        assert!((before - 0.084).abs() < 2e-3, "{before}");
+        c.observe(64, 0.200, None); // the real pass over 64 tokens is much dearer
+        assert_eq!(c.points(), &[1, 2, 4, 8, 16, 64]);
+        let after = c.curve(64);
+        assert!((after[63] - 0.200).abs() < 1e-2, "{}", after[63]);
+        assert!(after[39] > before * 0.9 && after[39] < 0.2); // interpolated towards it
+        c.observe(80, 0.25, None); // not far enough past 64: corrects, does not extend
+        assert_eq!(c.points().len(), 6);
     }
 
     #[test]
