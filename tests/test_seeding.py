@@ -4,6 +4,7 @@ last positions seed the memories; outputs never change."""
 import copy
 
 import numpy as np
+import pytest
 import recap
 import torch
 from recap import seeding
@@ -27,10 +28,33 @@ def test_a_dear_head_seeds_only_the_prompts_end_and_output_is_unchanged():
     for share, rows in ((1e3, seeding.SEED_MIN), (1e-3, 200)):
         dec = recap.Decoder(model)
         dec.calibrate()
-        dec._head_share = share
+        state_of(model).head_share = share  # what the next prefill seeds by
         spy = DrafterSpy.install(dec)
         assert torch.equal(dec.generate(prompt, max_new_tokens=24), want)
         assert len(spy.seeded[-1]) == rows and spy.starts[-1] == 200 - rows
+
+
+def test_each_seeding_prefill_corrects_the_share_towards_what_it_cost(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECAP_CACHE", "1")
+    monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
+    model = copy.deepcopy(text_family("Llama"))
+    dec = recap.Decoder(model)
+    dec.calibrate()
+    state_of(model).head_share = 0.1
+    adapter = dec.adapter
+    # 64 positions seeded in 0.2 s after a 512-token forward of 1 s: a share of 1.6.
+    seeding.observe(adapter, 512, 1.0, 64, 0.2)
+    assert state_of(model).head_share == pytest.approx(0.1 + seeding.OBSERVE_WEIGHT * 1.5)
+    assert dec.seed_share() == state_of(model).head_share
+    stored = list(tmp_path.rglob("*.json"))
+    assert stored, "the corrected share is kept for the next process"
+    before = state_of(model).head_share
+    seeding.observe(adapter, 40, 1.0, 8, 0.2)  # too short to judge by
+    assert state_of(model).head_share == before
+    # A real prefill that seeds corrects it too.
+    state_of(model).head_share = 1e-6  # seeds every position of the 200-token prompt
+    dec.generate(torch.tensor([list(range(3, 43)) * 5]), max_new_tokens=2)
+    assert state_of(model).head_share > 1e-6
 
 
 def test_the_share_is_measured_once_per_model():

@@ -50,7 +50,7 @@ def decode_batch(decoder, req, sessions: list) -> Any:
     shared = state_of(decoder.model).prefill_lock if adapter.keeps_request_state else contextlib.nullcontext()
     with shared:
         adapter.before_prefill()
-        last, seeds = tp.prefill(ids, mask, req.model_inputs, head_share=decoder._head_share)
+        last, seeds = tp.prefill(ids, mask, req.model_inputs, head_share=decoder.seed_share())
     pads = tp.pad.tolist()
     rows = []
     for b in range(req.batch):

@@ -126,6 +126,13 @@ class Decoder:
                     self._head_share = seeding.head_share(self.adapter)
             self._prepared = True
 
+    def seed_share(self) -> float | None:
+        """The head share prefills seed by (`recap.seeding`; corrected by every prefill that
+        seeds), or None for a drafter that does not seed."""
+        if self._head_share is None:
+            return None
+        return state_of(self.model).head_share or self._head_share
+
     @property
     def last_stats(self) -> GenerationStats | None:
         """This thread's last request's statistics (another thread's when this one has run none)."""
@@ -298,7 +305,7 @@ class Decoder:
         shared = state_of(self.model).prefill_lock if adapter.keeps_request_state else contextlib.nullcontext()
         with shared:
             adapter.before_prefill()
-            last, seeds = tp.prefill(input_ids, req.attention_mask, req.model_inputs, head_share=self._head_share)
+            last, seeds = tp.prefill(input_ids, req.attention_mask, req.model_inputs, head_share=self.seed_share())
         first = chooser.choose(prompt, last, 0)
         rows = TokenRows() if req.keeps_rows else None
         if rows is not None:

@@ -85,6 +85,24 @@ def head_share(adapter) -> float:
     return share
 
 
+OBSERVE_MIN = 16  # seeded positions (and 8x as many prompt tokens) before a prefill corrects the share
+OBSERVE_WEIGHT = 0.5  # each prefill's share moves the estimate this far towards it
+
+
+def observe(adapter, length: int, forward_s: float, positions: int, seed_s: float) -> None:
+    """A prefill of `length` tokens took `forward_s`, and seeding its last `positions` took
+    `seed_s`: the share the next prefills use moves towards what this one cost."""
+    if positions < OBSERVE_MIN or length < 8 * OBSERVE_MIN or forward_s <= 0 or seed_s <= 0:
+        return
+    state = state_of(adapter.model)
+    seen = (seed_s / positions) / (forward_s / length)
+    old = state.head_share
+    new = seen if old is None else old + OBSERVE_WEIGHT * (seen - old)
+    state.head_share = new
+    if old is None or abs(new - old) > 0.1 * old:  # the next process starts from it
+        measurements.store(measurements.key(adapter.model, "head-share"), new)
+
+
 def _time(f) -> float:
     t = time.perf_counter()
     f()

@@ -16,6 +16,7 @@ window, the cache keyword, position offsets, the final norm and head.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import torch
@@ -106,6 +107,7 @@ class TreePass:
         measured cost (`recap.seeding`). Final hidden states are captured at the last norm and
         the head runs over them in chunks, so full-vocabulary logits are never held for the
         whole prompt."""
+        t0 = time.perf_counter()
         logits, hidden = prompt_forward(self.adapter, self.cache, input_ids, attention_mask, model_inputs,
                                         capture_hidden=head_share is not None)
         length = input_ids.shape[1]
@@ -113,7 +115,13 @@ class TreePass:
         self.offset = self.adapter.position_offset()
         n = 0 if hidden is None or head_share is None else seeding.positions(length, head_share)
         seeded = hidden[0, length - n:] if hidden is not None and n else None
-        return logits[0], (*seeding.top_rows(self.adapter, seeded, self.k), length - n)
+        if n:
+            _synchronize(logits.device)
+        t1 = time.perf_counter()
+        rows = seeding.top_rows(self.adapter, seeded, self.k)  # ends with a copy to the host
+        if n:  # the seeding's real cost, to correct the share the next prompts are seeded by
+            seeding.observe(self.adapter, length, t1 - t0, n, time.perf_counter() - t1)
+        return logits[0], (*rows, length - n)
 
     # ---- loading a tree into the buffers ----------------------------------------------------
     def draft(self, session) -> tuple[int, int]:
@@ -196,3 +204,9 @@ class TreePass:
     def discard(self, n: int) -> None:
         """Drop the tree just verified from the cache."""
         self.cache.crop(-n)
+
+
+def _synchronize(device: torch.device) -> None:
+    """Waits for the device's queued work (a CUDA forward returns before it has run)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
