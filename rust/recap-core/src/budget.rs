@@ -45,11 +45,13 @@ const OPTIMISM: f32 = 1.0;
 /// The backoff, per request: the realized gain of the steps that drafted (accepted + 1
 /// tokens for a pass costing c(n) / c(1) one-token steps, by the controller's own curve) is
 /// kept as an average with weight REALIZED_EMA; once BACKOFF_AFTER drafted steps have been
-/// judged and it is below 1 (drafting loses to plain decoding), the request drafts nothing
+/// judged and it is below BACKOFF_BELOW (drafting does not clearly beat plain decoding: the
+/// margin covers the curve's own error), the request drafts nothing
 /// for the next pause (BACKOFF_FIRST steps, doubling on each pause that follows another, up
 /// to BACKOFF_MAX), then drafts again: a stretch of open text stops costing within a few
 /// steps, and a stretch of copying that follows is found at the next try.
 const REALIZED_EMA: f32 = 0.25;
+const BACKOFF_BELOW: f32 = 1.05;
 const BACKOFF_AFTER: u32 = 4;
 const BACKOFF_FIRST: u32 = 8;
 const BACKOFF_MAX: u32 = 64;
@@ -383,7 +385,7 @@ impl AutoBudget {
         if b.judged < BACKOFF_AFTER {
             return;
         }
-        if b.realized < 1.0 {
+        if b.realized < BACKOFF_BELOW {
             b.pause_left = b.next_pause;
             b.next_pause = (2 * b.next_pause).min(BACKOFF_MAX);
             b.pauses += 1;
