@@ -55,6 +55,11 @@ const BACKOFF_BELOW: f32 = 1.05;
 const BACKOFF_AFTER: u32 = 4;
 const BACKOFF_FIRST: u32 = 8;
 const BACKOFF_MAX: u32 = 64;
+/// A pause holds back marginal drafting only: a step whose best choice is expected (by the
+/// calibrated mean, not the optimistic bound) to commit this many times a one-token step's
+/// output per unit of time (a long copy whose chain holds) drafts during a pause, so the
+/// copying that follows open text is not missed.
+const PAUSE_OVERRIDE: f32 = 1.5;
 /// Counts are halved when a bucket reaches this, so the table follows drift.
 const HALF_LIFE: f32 = 2000.0;
 /// Exploration: a tree may keep more nodes than the estimates pay for (the next of
@@ -354,9 +359,15 @@ impl AutoBudget {
         }
         let chosen = self.explore(best.1);
         self.backoff.explored = chosen > best.1;
+        let mean_rate = (1.0 + self.expected[best.1]) / self.cost_of(best.1 + 1);
+        let confident = mean_rate * self.cost_of(1) >= PAUSE_OVERRIDE;
         let chosen = if self.backoff.pause_left > 0 {
             self.backoff.pause_left -= 1;
-            0
+            if confident {
+                best.1
+            } else {
+                0
+            }
         } else {
             chosen
         };
@@ -646,6 +657,27 @@ mod tests {
         let drafted_late = kept[10..].iter().filter(|&&k| k > 0).count();
         assert!(drafted_late <= 10, "{kept:?}");
         assert!(b.pauses() >= 3, "{kept:?}");
+        // During a pause, a long copy whose chain has held drafts anyway.
+        let mut paused = b.clone();
+        paused.backoff.pause_left = 10;
+        let copy = {
+            let mut t = DraftTree::default();
+            t.reset(1, [NO_TOKEN, NO_TOKEN]);
+            let mut v = 0;
+            for d in 1..=20u32 {
+                v = t.push(v, 10 + d, 40.0, NodeSource::Suffix);
+            }
+            t.into_preorder();
+            t
+        };
+        for _ in 0..30 {
+            paused.learn(&copy, &(0..=20).collect::<Vec<_>>());
+        }
+        paused.backoff.pause_left = 10;
+        let mut keep_copy = Vec::new();
+        paused.select(&copy, &mut keep_copy);
+        assert!(paused.last().kept >= 10, "{:?}", paused.last());
+        assert_eq!(paused.backoff.pause_left, 9); // the pause runs on for marginal steps
         // A new request starts without a pause (its calibration carries over).
         let mut next = b.clone();
         next.begin_request();
@@ -680,14 +712,16 @@ mod tests {
         let long = chain_of(64);
         let mut keep = Vec::new();
         b.select(&long, &mut keep);
-        assert!(b.last().kept > 40, "{:?}", b.last()); // depths never seen, priced by the first 16
+        let held = b.last();
+        assert!(held.kept > 40, "{held:?}"); // depths never seen, priced by the first 16
         // Chains that now break at once: the first hold rate falls, and every deeper token
         // (its parent's probability times its own rate) with it.
         for _ in 0..60 {
             b.learn(&short, &[0]);
         }
+        b.begin_request(); // judged by its price, not held back by a pause
         b.select(&long, &mut keep);
-        assert!(b.last().kept < 16, "{:?}", b.last());
+        assert!(b.last().expected < 0.5 * held.expected, "{:?} after {held:?}", b.last());
     }
 
     #[test]
