@@ -250,13 +250,15 @@ impl AutoBudget {
             return (2.0f32).powf(-(bucket as f32) / 4.0);
         }
         let m = Self::match_bucket(bucket);
-        (self.pooled_hits[m] + PRIOR_WEIGHT * CHAIN_HOLD[m]) / (self.pooled_counts[m] + PRIOR_WEIGHT)
+        (self.pooled_hits[m] + PRIOR_WEIGHT * CHAIN_HOLD[m])
+            / (self.pooled_counts[m] + PRIOR_WEIGHT)
     }
 
     /// Calibrated rate of a bucket: a score bucket's acceptance probability, a chain
     /// bucket's hold rate.
     pub fn probability(&self, bucket: usize) -> f32 {
-        (self.hits[bucket] + PRIOR_WEIGHT * self.prior(bucket)) / (self.counts[bucket] + PRIOR_WEIGHT)
+        (self.hits[bucket] + PRIOR_WEIGHT * self.prior(bucket))
+            / (self.counts[bucket] + PRIOR_WEIGHT)
     }
 
     /// The probability plus OPTIMISM standard errors, at most 1.
@@ -306,9 +308,15 @@ impl AutoBudget {
                 let c = b.children[j] as usize;
                 let bucket = Self::bucket(tree, c);
                 let (p, mean) = if Self::is_chain(bucket) {
-                    (b.prob[v] * b.optimistic(bucket), b.mean[v] * b.probability(bucket))
+                    (
+                        b.prob[v] * b.optimistic(bucket),
+                        b.mean[v] * b.probability(bucket),
+                    )
                 } else {
-                    (b.optimistic(bucket).min(b.prob[v]), b.probability(bucket).min(b.mean[v]))
+                    (
+                        b.optimistic(bucket).min(b.prob[v]),
+                        b.probability(bucket).min(b.mean[v]),
+                    )
                 };
                 b.prob[c] = p;
                 b.mean[c] = mean;
@@ -595,7 +603,10 @@ mod tests {
         }
         assert!(explored >= 10, "{explored} explorations");
         let budget = EXPLORE_SHARE * steps as f32 * cost[0];
-        assert!(spent <= budget + EXPLORE_CREDIT_CAP * cost[0], "{spent} > {budget}");
+        assert!(
+            spent <= budget + EXPLORE_CREDIT_CAP * cost[0],
+            "{spent} > {budget}"
+        );
         // Where every extra node costs a whole pass, the largest sizes are never affordable
         // and are skipped, not waited for.
         let mut steep = AutoBudget::new((1..=64).map(|n| n as f32).collect()).unwrap();
@@ -641,18 +652,25 @@ mod tests {
         let mut keep = Vec::new();
         b.select(&t, &mut keep);
         assert!(b.last().kept > 0); // the path scores (0.9^d) promise acceptance
-        // Each step verifies the cut tree and learns from it, as a session does.
+                                    // Each step verifies the cut tree and learns from it, as a session does.
         let mut step = |b: &mut AutoBudget, accept: bool| {
             b.select(&t, &mut keep);
             let mut cut = t.clone();
             cut.retain(&keep);
-            let on: Vec<usize> = if accept { (0..cut.len()).collect() } else { vec![0] };
+            let on: Vec<usize> = if accept {
+                (0..cut.len()).collect()
+            } else {
+                vec![0]
+            };
             b.learn(&cut, &on);
             b.last().kept
         };
         let kept: Vec<usize> = (0..40).map(|_| step(&mut b, false)).collect(); // nothing accepted
         let first_zero = kept.iter().position(|&k| k == 0).unwrap();
-        assert!(first_zero <= BACKOFF_AFTER as usize, "backed off only after {first_zero} steps: {kept:?}");
+        assert!(
+            first_zero <= BACKOFF_AFTER as usize,
+            "backed off only after {first_zero} steps: {kept:?}"
+        );
         // Each try that fails pauses twice as long: most of the later steps draft nothing.
         let drafted_late = kept[10..].iter().filter(|&&k| k > 0).count();
         assert!(drafted_late <= 10, "{kept:?}");
@@ -678,7 +696,7 @@ mod tests {
         paused.select(&copy, &mut keep_copy);
         assert!(paused.last().kept >= 10, "{:?}", paused.last());
         assert_eq!(paused.backoff.pause_left, 9); // the pause runs on for marginal steps
-        // A new request starts without a pause (its calibration carries over).
+                                                  // A new request starts without a pause (its calibration carries over).
         let mut next = b.clone();
         next.begin_request();
         assert_eq!(next.pauses(), 0);
@@ -714,14 +732,18 @@ mod tests {
         b.select(&long, &mut keep);
         let held = b.last();
         assert!(held.kept > 40, "{held:?}"); // depths never seen, priced by the first 16
-        // Chains that now break at once: the first hold rate falls, and every deeper token
-        // (its parent's probability times its own rate) with it.
+                                             // Chains that now break at once: the first hold rate falls, and every deeper token
+                                             // (its parent's probability times its own rate) with it.
         for _ in 0..60 {
             b.learn(&short, &[0]);
         }
         b.begin_request(); // judged by its price, not held back by a pause
         b.select(&long, &mut keep);
-        assert!(b.last().expected < 0.5 * held.expected, "{:?} after {held:?}", b.last());
+        assert!(
+            b.last().expected < 0.5 * held.expected,
+            "{:?} after {held:?}",
+            b.last()
+        );
     }
 
     #[test]

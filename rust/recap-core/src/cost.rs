@@ -194,8 +194,11 @@ mod tests {
 
     #[test]
     fn a_pass_past_the_last_point_becomes_a_point() {
-        let mut c = CostCurve::new(vec![1, 2, 4, 8, 16], vec![0.010, 0.011, 0.012, 0.014, 0.018])
-            .unwrap();
+        let mut c = CostCurve::new(
+            vec![1, 2, 4, 8, 16],
+            vec![0.010, 0.011, 0.012, 0.014, 0.018],
+        )
+        .unwrap();
         for _ in 0..50 {
             c.observe(1, 0.020, None); // everything runs at twice the measured time
         }
