@@ -512,6 +512,18 @@ mod tests {
         t
     }
 
+    /// Root with one suffix chain of `len` tokens, copied after a 40-token match.
+    fn copy_chain(len: u32) -> DraftTree {
+        let mut t = DraftTree::default();
+        t.reset(1, [NO_TOKEN, NO_TOKEN]);
+        let mut v = 0;
+        for d in 1..=len {
+            v = t.push(v, 10 + d, 40.0, NodeSource::Suffix);
+        }
+        t.into_preorder();
+        t
+    }
+
     #[test]
     fn flat_costs_keep_every_likely_node_and_steep_costs_keep_few() {
         let t = chain(8);
@@ -678,16 +690,7 @@ mod tests {
         // During a pause, a long copy whose chain has held drafts anyway.
         let mut paused = b.clone();
         paused.backoff.pause_left = 10;
-        let copy = {
-            let mut t = DraftTree::default();
-            t.reset(1, [NO_TOKEN, NO_TOKEN]);
-            let mut v = 0;
-            for d in 1..=20u32 {
-                v = t.push(v, 10 + d, 40.0, NodeSource::Suffix);
-            }
-            t.into_preorder();
-            t
-        };
+        let copy = copy_chain(20);
         for _ in 0..30 {
             paused.learn(&copy, &(0..=20).collect::<Vec<_>>());
         }
@@ -710,24 +713,14 @@ mod tests {
 
     #[test]
     fn a_long_copy_is_verified_past_the_depths_observed_so_far() {
-        let chain_of = |len: u32| {
-            let mut t = DraftTree::default();
-            t.reset(1, [NO_TOKEN, NO_TOKEN]);
-            let mut v = 0;
-            for d in 1..=len {
-                v = t.push(v, 10 + d, 40.0, NodeSource::Suffix); // after a 40-token match
-            }
-            t.into_preorder();
-            t
-        };
         // A CPU-like curve: each node costs 3% of a pass.
         let cost: Vec<f32> = (1..=80).map(|n| 1.0 + 0.03 * (n - 1) as f32).collect();
         let mut b = AutoBudget::new(cost).unwrap();
-        let short = chain_of(16);
+        let short = copy_chain(16);
         for _ in 0..30 {
             b.learn(&short, &(0..=16).collect::<Vec<_>>()); // every copied token held
         }
-        let long = chain_of(64);
+        let long = copy_chain(64);
         let mut keep = Vec::new();
         b.select(&long, &mut keep);
         let held = b.last();
