@@ -6,6 +6,7 @@ weights, real costs), each in a fresh process-like state (an empty measurement s
 
 - first use: the conformance probe, the linear-layout choice, the cost curve and the head
   share, each timed, cold and then again as a later process sees it (the store filled);
+- the head share the parameter counts estimate against what the prefills measured;
 - time to first token on the longest shipped summarisation prompt: `Decoder.generate`
   against `model.generate` (max_new_tokens=1, medians of interleaved repetitions);
 - a 128-token `model.generate`, the yardstick of the first-use target.
@@ -111,6 +112,11 @@ def measure(name: str, prompt, reps: int) -> None:
         full = median_time(lambda: model.generate(ids[:, -64:], attention_mask=mask[:, -64:], max_new_tokens=128,
                                                   min_new_tokens=128, do_sample=False), 1)
     a, b = statistics.median(ttft_ours), statistics.median(ttft_theirs)
+    from recap import seeding
+
+    print(f"{name}: head share estimated {seeding.estimated_share(model):.3f}, measured by the prefills "
+          f"{state_of(model).head_share or float('nan'):.3f}; seeded positions on this prompt: "
+          f"{seeding.positions(ids.shape[1], dec.seed_share() or 0.0)}")
     fmt = lambda parts: ", ".join(f"{k} {v:.2f} s" for k, v in parts.items())  # noqa: E731
     print(f"{name}: first use cold {cold['total']:.2f} s ({fmt(cold)}); later process "
           f"{warm['total']:.2f} s ({fmt(warm)}); a 128-token generate {full:.2f} s (5%: {0.05 * full:.2f} s)")

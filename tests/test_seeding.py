@@ -15,9 +15,10 @@ from tiny_models import text_family
 
 def test_positions_follow_the_heads_share():
     assert seeding.positions(2000, 0.1) == 800  # SEED_SHARE (4%) of the forward's time
-    assert seeding.positions(693, 0.45) == seeding.SEED_MIN
+    assert seeding.positions(300, 0.45) == int(seeding.SEED_FLOOR / 0.45)  # 4% would be 26 positions: the floor
+    assert seeding.positions(693, 0.9) == int(0.04 * 693 / 0.9)  # a longer prompt: 4% is above the floor
     assert seeding.positions(693, 0.01) == 693  # a cheap head: every position
-    assert seeding.positions(30, 5.0) == 30 and seeding.positions(1000, 5.0) == seeding.SEED_MIN
+    assert seeding.positions(30, 0.1) == 30 and seeding.positions(300, 5.0) == int(seeding.SEED_FLOOR / 5.0)
     assert seeding.positions(50, 0.0) == 50
 
 
@@ -25,7 +26,7 @@ def test_a_dear_head_seeds_only_the_prompts_end_and_output_is_unchanged():
     model = copy.deepcopy(text_family("Llama"))
     prompt = torch.tensor([list(range(3, 43)) * 5])  # 200 tokens
     want = model.generate(prompt, max_new_tokens=24, do_sample=False)
-    for share, rows in ((1e3, seeding.SEED_MIN), (1e-3, 200)):
+    for share, rows in ((0.5, int(seeding.SEED_FLOOR / 0.5)), (1e-3, 200)):
         dec = recap.Decoder(model)
         dec.calibrate()
         state_of(model).head_share = share  # what the next prefill seeds by
@@ -57,12 +58,16 @@ def test_each_seeding_prefill_corrects_the_share_towards_what_it_cost(tmp_path, 
     assert state_of(model).head_share > 1e-6
 
 
-def test_the_share_is_measured_once_per_model():
+def test_the_first_share_is_estimated_from_the_parameter_counts_and_replaced_by_what_a_prefill_cost():
     model = copy.deepcopy(text_family("Qwen2"))
+    head, body = model.lm_head.weight.numel(), sum(p.numel() for p in model.model.layers.parameters())
+    body += sum(p.numel() for p in model.model.norm.parameters())
+    assert seeding.estimated_share(model) == pytest.approx(seeding.HEAD_OVERHEAD * head / (head + body))
     dec = recap.Decoder(model)
-    dec.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2)
-    share = state_of(model).head_share
-    assert share is not None and share > 0 and dec._head_share == share
+    dec.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2)  # first use: no forward measures the share
+    assert state_of(model).head_share is None and dec.seed_share() == seeding.estimated_share(model)
+    dec.generate(torch.tensor([list(range(3, 43)) * 5]), max_new_tokens=2)  # a prefill long enough to time
+    assert state_of(model).head_share is not None and dec.seed_share() == state_of(model).head_share
     assert recap.Decoder(model, drafter="pld")._head_share is None  # no memory: nothing to seed
 
 

@@ -2,7 +2,7 @@
 
 c(n) is the time of one verification pass over n tree tokens (root included), top-k and the
 device-to-host copy included, exactly as a decoding step runs it. At first use it is measured
-only for the small trees every request needs (POINTS: 1 to 16 tokens, 15 passes), once per
+only for the small trees every request needs (POINTS: 1, 4 and 16 tokens, 7 passes), once per
 model, device, dtype, thread count and linear layout (cached with the model and across
 processes, `recap.measurements`), and handed to the drafter (`Drafter.set_cost_points`).
 The controller itself is Rust (`recap_core::cost`, `recap_core::budget`): it corrects the
@@ -24,8 +24,8 @@ import torch
 from recap import measurements
 from recap.model_state import state_of
 
-POINTS = (1, 2, 4, 8, 16)  # doubling: near-linear between them; bigger sizes are added online
-CALIBRATION_PAST = 128  # context tokens in the cache while measuring
+POINTS = (1, 4, 16)  # c(n) is near-linear between them; bigger sizes are added online
+CALIBRATION_PAST = 64  # context tokens in the cache while measuring (the online correction follows real ones)
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,14 @@ def model_key(model: torch.nn.Module) -> tuple:
 
 
 def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tuple = (),
-               refresh: bool = False, reps: int = 2) -> CostModel:
+               refresh: bool = False, reps: int = 2, passes: ChainPasses | None = None) -> CostModel:
     """The cached cost model of `model` (measured now if missing, or if `refresh`).
 
     `new_pass(capacity)` makes a `recap.tree_pass.TreePass` of the model (the pass decoding
     runs), with the token ids never to feed (image placeholders) as `new_pass.excluded`.
-    `variant` names anything else the passes depend on (the linear layout they run in)."""
+    `variant` names anything else the passes depend on (the linear layout they run in).
+    `passes`, when given, is a context already built (the first use's, shared with the
+    layout probe) to measure in, if it holds the largest point."""
     per_model = state_of(model).cost_curves  # with the model: it goes when the model goes
     key = model_key(model) + tuple(variant)
     found = per_model.get(key)
@@ -68,7 +70,9 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
         per_model[key] = CostModel([int(p) for p in kept["points"]], [float(t) for t in kept["seconds"]])
         return per_model[key]
     points = sorted({p for p in POINTS if p < max_tokens} | {min(max_tokens, POINTS[-1])})
-    seconds = _measure(model, new_pass, points, reps)
+    if passes is None or passes.max_tokens < points[-1]:
+        passes = ChainPasses(model, new_pass, points[-1])
+    seconds = _measure(passes, points, reps, warm=passes.runs > 0)
     per_model[key] = CostModel(points, seconds)
     measurements.store(stored_as, {"points": points, "seconds": seconds})
     return per_model[key]
@@ -84,6 +88,8 @@ class ChainPasses:
         self.vocab = model.get_output_embeddings().weight.shape[0]
         self.gen = torch.Generator().manual_seed(0)
         self.excluded = torch.tensor(sorted(getattr(new_pass, "excluded", ())), dtype=torch.long)
+        self.max_tokens = max_tokens
+        self.runs = 0
         self.tree_pass = new_pass(CALIBRATION_PAST + max_tokens, max_tokens)
         with torch.no_grad():
             self.tree_pass.prefill(self.draw(CALIBRATION_PAST), None, {})
@@ -97,16 +103,20 @@ class ChainPasses:
     def run(self, tokens: torch.Tensor) -> float:
         """Seconds of one pass over `tokens` (the cache is left as it was)."""
         ids = tokens[0].tolist()  # the host side of a step: the drafter writes host buffers
+        self.runs += 1
         t = time.perf_counter()
         self.tree_pass.chain(ids)
         return time.perf_counter() - t
 
 
-def _measure(model, new_pass, points: list[int], reps: int) -> list[float]:
-    passes = ChainPasses(model, new_pass, max(points))
+def _measure(passes: ChainPasses, points: list[int], reps: int, warm: bool = False) -> list[float]:
+    """The least of `reps` passes at each point (noise only adds time), after one pass that
+    warms up unless the context has run one (its first pass is the slow one, not each new
+    size's)."""
+    if not warm:
+        passes.run(passes.draw(points[0]))
     out = []
     for n in points:
         tokens = passes.draw(n)
-        times = [passes.run(tokens) for _ in range(reps + 1)]  # the first pass of each size warms up
-        out.append(float(np.median(times[1:])))
+        out.append(min(passes.run(tokens) for _ in range(reps)))
     return _monotone(np.asarray(out)).tolist()

@@ -1,9 +1,14 @@
 """The conformance probe: on first use of a model, one small draft tree is verified in a
 single pass (`recap.tree_pass.TreePass`, the pass decoding runs) and compared with the
-same tokens fed one at a time through the model's own
-cache (what `generate` does), and the cache is compacted to a side branch and decoded one
-more token. A model that ignores the tree mask, the explicit positions or the compaction
-is refused with the reason, instead of decoding wrong text.
+model's own causal forward over each of the tree's paths (one plain forward of two rows,
+the model's own mask and positions), and the cache is compacted to a side branch and decoded one more
+token. A model that ignores the tree mask, the explicit positions or the compaction is
+refused with the reason, instead of decoding wrong text.
+
+A pass is kept with the model and across processes (`recap.measurements`, keyed by the
+model's fingerprint and class, dtype, device, attention implementation and the torch,
+transformers and recap versions), so a later process on the same model skips the probe's
+four passes.
 
 Tree (preorder):  r -> a -> b -> c   and   r -> d -> e;  after the pass, keep r, d, e and
 decode f. When the model has a short sliding window, the context is longer than the window,
@@ -15,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from recap import measurements
+from recap._core import __version__
 from recap.adapters.base import ModelAdapter
 from recap.adapters.capability import UnsupportedModelError
 from recap.model_state import state_of
@@ -41,18 +48,13 @@ def _tokens(adapter: ModelAdapter, n: int) -> list[int]:
     return out
 
 
-def _one_at_a_time(adapter: ModelAdapter, context: list[int], tail: list[int], device) -> torch.Tensor:
-    """Logits after each token of `tail`, fed one at a time after `context`, as generate does."""
-    from transformers import DynamicCache
-
-    model = adapter.model
-    cache = DynamicCache(config=model.config)
-    kw = {adapter.cache_keyword: cache, "use_cache": True}
-    model(input_ids=torch.tensor([context], device=device), **kw)
-    rows = []
-    for t in tail:
-        rows.append(model(input_ids=torch.tensor([[t]], device=device), **kw).logits[0, -1])
-    return torch.stack(rows).double()
+def _causal(adapter: ModelAdapter, context: list[int], tails: list[list[int]], device) -> torch.Tensor:
+    """Logits after each token of each tail following `context` ([tails, len, vocab]): one
+    plain forward of the model over the rows context + tail (its own causal mask and
+    positions, no cache); the tails have one length, so no row is padded."""
+    adapter.before_prefill()
+    out = adapter.model(input_ids=torch.tensor([context + t for t in tails], device=device), use_cache=False)
+    return out.logits[:, len(context):].double()
 
 
 def _tree_pass(tp: TreePass, tokens: list[int], shift: int = 0) -> torch.Tensor:
@@ -79,6 +81,12 @@ def probe(adapter: ModelAdapter) -> None:
     state = state_of(model)
     if state.conformance == key:
         return
+    cls = type(model)  # the fingerprint names the architecture, not a subclass's own forward
+    stored_as = measurements.key(model, "conformance", (f"{cls.__module__}.{cls.__qualname__}", __version__,
+                                                         getattr(model.config, "_attn_implementation", None)))
+    if measurements.load(stored_as) is True:  # passed in an earlier process
+        state.conformance = key
+        return
     device = adapter.lm_head.weight.device
     window = adapter.sliding_window
     n_ctx = window + 2 if window is not None and window <= 48 else 8
@@ -87,10 +95,8 @@ def probe(adapter: ModelAdapter) -> None:
     name = type(model).__name__
     path_a = [tree[i] for i in (0, 1, 2, 3)]
     path_d = [tree[i] for i in (0, 4, 5)] + [f]
-    adapter.before_prefill()
-    along_d = _one_at_a_time(adapter, context, path_d, device)  # r, d, e, f
-    adapter.before_prefill()
-    want = torch.cat([_one_at_a_time(adapter, context, path_a, device), along_d[1:3]])  # preorder
+    along_a, along_d = _causal(adapter, context, [path_a, path_d], device)  # r, a, b, c and r, d, e, f
+    want = torch.cat([along_a, along_d[1:3]])  # preorder
     want_f = along_d[3:]
     adapter.before_prefill()
     tp = TreePass(adapter, max_nodes=len(tree), capacity=n_ctx + 2 * len(tree))
@@ -128,3 +134,4 @@ def probe(adapter: ModelAdapter) -> None:
             f"{name}: after compacting its KV cache to the accepted path, decoding differs from one-token "
             "decoding (the cache is not croppable per token)")
     state.conformance = key
+    measurements.store(stored_as, True)

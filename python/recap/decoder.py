@@ -25,6 +25,7 @@ from recap.acceptance import NodePicks
 from recap.adapters import ModelAdapter, adapter_for
 from recap.batch_budget import BatchBudget
 from recap.batch_decode import decode_batch
+from recap.budget import POINTS as _COST_POINTS
 from recap.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.config import RecapConfig
 from recap.conformance import probe
@@ -46,6 +47,25 @@ class _PassFactory:
 
     def __call__(self, capacity: int, max_tokens: int) -> TreePass:
         return TreePass(self.adapter, max_tokens - 1, capacity, self.k)
+
+
+class _FirstUsePasses:
+    """The first use's verification passes (the linear-layout probe, then the cost curve)
+    share one context of random tokens, built only if one of them measures."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.decoder = decoder
+        self.built: ChainPasses | None = None
+        self.tokens: torch.Tensor | None = None
+
+    def layout_probe(self) -> None:
+        """One verification pass of a typical tree size (`recap.linear_layout.PROBE_TOKENS`)."""
+        if self.built is None:
+            self.built = ChainPasses(self.decoder.model, _PassFactory(self.decoder),
+                                     max(layouts.PROBE_TOKENS, _COST_POINTS[-1]))
+        if self.tokens is None:
+            self.tokens = self.built.draw(layouts.PROBE_TOKENS)
+        self.built.run(self.tokens)
 
 
 class Decoder:
@@ -104,7 +124,7 @@ class Decoder:
         # Only drafters with a persistent memory learn from the prompt's rows; the others'
         # prefill computes the head at the last position only, as generate's does.
         self._seeds = spec.uses_memory
-        self._head_share: float | None = None  # measured at first use when seeding (recap.seeding)
+        self._head_share: float | None = None  # what the first prefill seeds by (recap.seeding)
         self._layout: layouts.LinearLayout | None = None
         self._prepared = False
 
@@ -118,12 +138,12 @@ class Decoder:
             if self._prepared:
                 return
             probe(self.adapter)  # tree passes equal one-token passes on this model, or a clear error
-            self._layout = layouts.choose(self.model, self._probe(), model_key(self.model), self._linear_layout)
+            passes = _FirstUsePasses(self)
+            self._layout = layouts.choose(self.model, passes.layout_probe, model_key(self.model), self._linear_layout)
             if self._auto_budget:
-                self._calibrate()
+                self._calibrate(passes=passes.built)
             if self._seeds:
-                with self._layout_context():
-                    self._head_share = seeding.head_share(self.adapter)
+                self._head_share = seeding.head_share(self.adapter)
             self._prepared = True
 
     def seed_share(self) -> float | None:
@@ -153,20 +173,6 @@ class Decoder:
         self._prepare()
         return self._cost
 
-    def _probe(self):
-        """One verification pass of a typical tree size; its context is built on the first
-        call, so a layout chosen without measuring costs nothing."""
-        passes, tokens = None, None
-
-        def probe() -> None:
-            nonlocal passes, tokens
-            if passes is None:
-                passes = ChainPasses(self.model, _PassFactory(self), layouts.PROBE_TOKENS)
-                tokens = passes.draw(layouts.PROBE_TOKENS)
-            passes.run(tokens)
-
-        return probe
-
     def verifying(self):
         """The context this decoder's passes run in (its linear layout): other generation on
         the same model can share it, e.g. to compare like with like."""
@@ -184,11 +190,11 @@ class Decoder:
         with self._prepare_lock:
             return self._calibrate(refresh)
 
-    def _calibrate(self, refresh: bool = False) -> CostModel:
+    def _calibrate(self, refresh: bool = False, passes: ChainPasses | None = None) -> CostModel:
         new_pass = _PassFactory(self)
         with self._layout_context():  # not verifying(): this runs inside the first use
             self._cost = cost_model(self.model, new_pass, self._drafter.max_nodes + 1,
-                                    variant=(self._layout_name(),), refresh=refresh)
+                                    variant=(self._layout_name(),), refresh=refresh, passes=passes)
         self._drafter.set_cost_points(self._cost.points, self._cost.seconds)
         return self._cost
 

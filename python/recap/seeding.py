@@ -7,16 +7,15 @@ accelerator that is cheap; on a CPU with a large vocabulary it is not (SmolLM2-1
 costs about half of a whole token's forward, so seeding a whole prompt adds ~45% to the
 time to first token).
 
-So the share is measured once per model and hardware at first use (`head_share`: the head
-over 32 positions against a 32-token forward, cached with the model and across processes)
-and each prefill seeds the prompt's last positions up to SEED_SHARE of its own forward's
-cost (at least SEED_MIN): all of them where the head is cheap, the end of the prompt where it
-is not. Seeding changes drafts, never outputs.
+So each prefill seeds the prompt's last positions up to SEED_SHARE of its own forward's cost
+(at least SEED_FLOOR tokens' worth): all of them where the head is cheap, the end of the
+prompt where it is not. The share (`head_share`: the head's cost per position over a whole
+token's forward) costs no pass at first use: it starts from the parameter counts, and every
+seeding prefill times its forward and its seeding and moves the share to what they cost
+(`observe`; kept with the model and across processes). Seeding changes drafts, never outputs.
 """
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import torch
@@ -25,16 +24,21 @@ from recap import measurements
 from recap.model_state import state_of
 
 SEED_SHARE = 0.04  # seeding may add this share of the prefill's forward time
-SEED_MIN = 64  # the prompt's last positions are always seeded
+SEED_FLOOR = 21.0  # the last positions whose head costs this many prompt tokens' forward are always seeded
 CHUNK = 256  # positions per head call (bounds memory)
-PROBE_TOKENS = 32  # enough rows for the head's per-position cost; a short forward keeps first use cheap
+# The head's softmax and top-k, and its one large product (less efficient per multiply-add
+# than the layers' on a CPU), make it dearer than its share of the parameters: on a 2-core
+# x86 CPU the prefills measured 1.6x that share on SmolLM2-135M and 2.4x on a
+# Qwen2.5-0.5B-shaped model. Only the first seeding prefill of a model uses the estimate.
+HEAD_OVERHEAD = 2.0
 
 
 def positions(prompt_len: int, head_share: float) -> int:
-    """How many of the prompt's last positions to seed."""
+    """How many of the prompt's last positions to seed: SEED_SHARE of the prefill's forward,
+    and never fewer than SEED_FLOOR tokens' worth (a short prompt's end is cheap to seed)."""
     if head_share <= 0:
         return prompt_len
-    return min(prompt_len, max(SEED_MIN, int(SEED_SHARE * prompt_len / head_share)))
+    return min(prompt_len, int(max(SEED_FLOOR, SEED_SHARE * prompt_len) / head_share))
 
 
 def top_rows(adapter, hidden: torch.Tensor | None, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -50,39 +54,29 @@ def top_rows(adapter, hidden: torch.Tensor | None, k: int) -> tuple[np.ndarray, 
     return torch.cat(ids).cpu().numpy().astype(np.int64), torch.cat(probs).cpu().numpy().astype(np.float32)
 
 
-@torch.no_grad()
 def head_share(adapter) -> float:
-    """The head's time per position over a whole forward's time per token, on this model and
-    hardware (measured once; see the module doc)."""
-    model = adapter.model
-    state = state_of(model)
-    found = getattr(state, "head_share", None)
-    if found is not None:
-        return found
-    name = measurements.key(model, "head-share")
-    kept = measurements.load(name)
-    if isinstance(kept, (int, float)):
+    """The share the next prefill seeds by: what earlier prefills of this model measured
+    (this process, or one before it through `recap.measurements`), else an estimate from the
+    parameter counts, which the first seeding prefill replaces by what it cost (`observe`).
+    No forward pass runs here."""
+    state = state_of(adapter.model)
+    if state.head_share is not None:
+        return state.head_share
+    kept = measurements.load(measurements.key(adapter.model, "head-share"))
+    if isinstance(kept, (int, float)) and kept > 0:
         state.head_share = float(kept)
         return state.head_share
-    device = adapter.lm_head.weight.device
-    gen = torch.Generator().manual_seed(5)
-    ids = torch.randint(3, max(adapter.vocab_size - 1, 4), (1, PROBE_TOKENS), generator=gen)
-    # Never an image placeholder: it would read as an image prompt without its pixels.
-    ids = ids.masked_fill(torch.isin(ids, torch.tensor(sorted(adapter.excluded), dtype=torch.long)), 3).to(device)
-    hidden = torch.randn(PROBE_TOKENS, adapter.lm_head.weight.shape[1], generator=gen).to(device, adapter.dtype)
+    return estimated_share(adapter.model)
 
-    def forward() -> None:
-        model(input_ids=ids, use_cache=False, logits_to_keep=1).logits.cpu()
 
-    def heads() -> None:
-        top_rows(adapter, hidden, 8)
-
-    forward()  # the first call warms up (the head's first call runs inside it)
-    times = [min(_time(f) for _ in range(2)) for f in (forward, heads)]
-    share = times[1] / max(times[0], 1e-9)
-    state.head_share = share
-    measurements.store(name, share)
-    return share
+def estimated_share(model) -> float:
+    """The head's multiply-adds per position over a whole token's forward (every parameter
+    but the input embedding's, the head's even when tied to it), times HEAD_OVERHEAD."""
+    head = model.get_output_embeddings().weight
+    embedding = model.get_input_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())  # a tied head counted once, as the head
+    forward = total if embedding is head else total - embedding.numel()
+    return HEAD_OVERHEAD * head.numel() / max(forward, 1)
 
 
 OBSERVE_MIN = 16  # seeded positions (and 8x as many prompt tokens) before a prefill corrects the share
@@ -102,8 +96,3 @@ def observe(adapter, length: int, forward_s: float, positions: int, seed_s: floa
     if old is None or abs(new - old) > 0.1 * old:  # the next process starts from it
         measurements.store(measurements.key(adapter.model, "head-share"), new)
 
-
-def _time(f) -> float:
-    t = time.perf_counter()
-    f()
-    return time.perf_counter() - t
