@@ -2,7 +2,7 @@
 
 On a random-weight model with the shapes of Qwen2.5-VL-7B's language model (no download):
 
-1. c(n): the time of one verification pass over n = 1..128 tree tokens after a 128-token
+1. c(n): the time of one verification pass over n = 1..128 tree tokens after a 64-token
    context, top-k and the device-to-host copy included, exactly as a decoding step runs it;
 2. the host time per step of `recap.Decoder` (everything outside the forward pass), and
    its phases, over one generation;
