@@ -138,3 +138,28 @@ def test_suffix_chain_adapts_only_with_the_automatic_budget():
         d.begin(history)
         chains[budget] = len(d.propose()) - 1
     assert chains[0] == 4 and chains["auto"] == 10  # match of 5: all of 6..10, 1..5 (< 16)
+
+
+def test_first_use_prices_the_layout_probes_size_by_the_probes_own_passes(monkeypatch):
+    import copy
+
+    from recap import linear_layout
+    from recap.budget import ChainPasses
+
+    model = copy.deepcopy(text_model("Qwen2"))  # nothing measured on it yet
+    runs: list[tuple[int, bool, float]] = []
+    real = ChainPasses.run
+
+    def run(self, tokens):
+        t = real(self, tokens)
+        runs.append((tokens.shape[1], linear_layout.layout_of(model).active, t))
+        return t
+
+    monkeypatch.setattr(ChainPasses, "run", run)
+    dec = recap.Decoder(model, linear_layout="auto")
+    cost = dec.cost
+    transposed = dec.linear_layout_used == "transposed"
+    probe = [t for n, active, t in runs if n == linear_layout.PROBE_TOKENS and active == transposed]
+    assert cost.points[-1] == linear_layout.PROBE_TOKENS and cost.seconds[-1] == min(probe)
+    # The probe ran 12 tokens both ways (one warm-up, two pairs); the curve added 1 and 4 only.
+    assert sorted(n for n, _, _ in runs) == [1, 1, 4, 4] + [12] * 5

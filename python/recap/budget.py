@@ -2,8 +2,9 @@
 
 c(n) is the time of one verification pass over n tree tokens (root included), top-k and the
 device-to-host copy included, exactly as a decoding step runs it. At first use it is measured
-only for the small trees every request needs (POINTS: 1, 4 and 16 tokens, 7 passes), once per
-model, device, dtype, thread count and linear layout (cached with the model and across
+only for the small trees every request needs (POINTS: 1, 4 and 12 tokens, at most 7 passes;
+the 12 is the linear-layout probe's where that ran), once per model, device, dtype, thread
+count and linear layout (cached with the model and across
 processes, `recap.measurements`), and handed to the drafter (`Drafter.set_cost_points`).
 The controller itself is Rust (`recap_core::cost`, `recap_core::budget`): it corrects the
 curve online from every step's timings (the true cost also grows with the context length),
@@ -24,7 +25,10 @@ import torch
 from recap import measurements
 from recap.model_state import state_of
 
-POINTS = (1, 4, 16)  # c(n) is near-linear between them; bigger sizes are added online
+# c(n) is near-linear between them; bigger sizes are added online. 12 is the linear-layout
+# probe's size (recap.linear_layout.PROBE_TOKENS): where the first use ran it, its passes are
+# the curve's point.
+POINTS = (1, 4, 12)
 CALIBRATION_PAST = 64  # context tokens in the cache while measuring (the online correction follows real ones)
 
 
@@ -50,14 +54,16 @@ def model_key(model: torch.nn.Module) -> tuple:
 
 
 def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tuple = (),
-               refresh: bool = False, reps: int = 2, passes: ChainPasses | None = None) -> CostModel:
+               refresh: bool = False, reps: int = 2, passes: ChainPasses | None = None,
+               known: dict[int, float] | None = None) -> CostModel:
     """The cached cost model of `model` (measured now if missing, or if `refresh`).
 
     `new_pass(capacity)` makes a `recap.tree_pass.TreePass` of the model (the pass decoding
     runs), with the token ids never to feed (image placeholders) as `new_pass.excluded`.
     `variant` names anything else the passes depend on (the linear layout they run in).
     `passes`, when given, is a context already built (the first use's, shared with the
-    layout probe) to measure in, if it holds the largest point."""
+    layout probe) to measure in, if it holds the largest point; `known` holds points
+    measured there already (the layout probe's passes, in the layout chosen)."""
     per_model = state_of(model).cost_curves  # with the model: it goes when the model goes
     key = model_key(model) + tuple(variant)
     found = per_model.get(key)
@@ -70,9 +76,13 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
         per_model[key] = CostModel([int(p) for p in kept["points"]], [float(t) for t in kept["seconds"]])
         return per_model[key]
     points = sorted({p for p in POINTS if p < max_tokens} | {min(max_tokens, POINTS[-1])})
-    if passes is None or passes.max_tokens < points[-1]:
-        passes = ChainPasses(model, new_pass, points[-1])
-    seconds = _measure(passes, points, reps, warm=passes.runs > 0)
+    known = dict(known or {})
+    missing = [p for p in points if p not in known]
+    if missing:
+        if passes is None or passes.max_tokens < missing[-1]:
+            passes = ChainPasses(model, new_pass, missing[-1])
+        known.update(zip(missing, _measure(passes, missing, reps, warm=passes.runs > 0), strict=True))
+    seconds = _monotone(np.asarray([known[p] for p in points])).tolist()
     per_model[key] = CostModel(points, seconds)
     measurements.store(stored_as, {"points": points, "seconds": seconds})
     return per_model[key]
@@ -119,4 +129,4 @@ def _measure(passes: ChainPasses, points: list[int], reps: int, warm: bool = Fal
     for n in points:
         tokens = passes.draw(n)
         out.append(min(passes.run(tokens) for _ in range(reps)))
-    return _monotone(np.asarray(out)).tolist()
+    return out

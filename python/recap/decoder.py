@@ -57,6 +57,7 @@ class _FirstUsePasses:
         self.decoder = decoder
         self.built: ChainPasses | None = None
         self.tokens: torch.Tensor | None = None
+        self.seen: dict[bool, list[float]] = {False: [], True: []}  # probe times by layout (transposed?)
 
     def layout_probe(self) -> None:
         """One verification pass of a typical tree size (`recap.linear_layout.PROBE_TOKENS`)."""
@@ -65,7 +66,12 @@ class _FirstUsePasses:
                                      max(layouts.PROBE_TOKENS, _COST_POINTS[-1]))
         if self.tokens is None:
             self.tokens = self.built.draw(layouts.PROBE_TOKENS)
-        self.built.run(self.tokens)
+        self.seen[layouts.layout_of(self.decoder.model).active].append(self.built.run(self.tokens))
+
+    def known(self, transposed: bool) -> dict[int, float]:
+        """What the probe measured in the layout chosen: a point of the cost curve."""
+        times = self.seen[transposed]
+        return {layouts.PROBE_TOKENS: min(times)} if times else {}
 
 
 class Decoder:
@@ -141,7 +147,7 @@ class Decoder:
             passes = _FirstUsePasses(self)
             self._layout = layouts.choose(self.model, passes.layout_probe, model_key(self.model), self._linear_layout)
             if self._auto_budget:
-                self._calibrate(passes=passes.built)
+                self._calibrate(passes=passes.built, known=passes.known(self._layout is not None))
             if self._seeds:
                 self._head_share = seeding.head_share(self.adapter)
             self._prepared = True
@@ -190,11 +196,12 @@ class Decoder:
         with self._prepare_lock:
             return self._calibrate(refresh)
 
-    def _calibrate(self, refresh: bool = False, passes: ChainPasses | None = None) -> CostModel:
+    def _calibrate(self, refresh: bool = False, passes: ChainPasses | None = None,
+                   known: dict[int, float] | None = None) -> CostModel:
         new_pass = _PassFactory(self)
         with self._layout_context():  # not verifying(): this runs inside the first use
             self._cost = cost_model(self.model, new_pass, self._drafter.max_nodes + 1,
-                                    variant=(self._layout_name(),), refresh=refresh, passes=passes)
+                                    variant=(self._layout_name(),), refresh=refresh, passes=passes, known=known)
         self._drafter.set_cost_points(self._cost.points, self._cost.seconds)
         return self._cost
 

@@ -109,6 +109,11 @@ class LinearLayout:
                 del m.__dict__["forward"]
 
     @property
+    def active(self) -> bool:
+        """Whether this thread's linear layers run transposed now."""
+        return threading.get_ident() in self._threads
+
+    @property
     def bytes(self) -> int:
         return sum(wt.numel() * wt.element_size() for wt in self._copies)
 
