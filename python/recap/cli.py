@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument("--budget", type=int, default=16, help="tree nodes per step (root not counted)")
     d.add_argument("--per-set", type=int, default=1, help="prompts per data set")
-    d.add_argument("--sets", nargs="*", default=None, help="mt_bench humaneval summarisation")
+    d.add_argument("--sets", nargs="*", default=None, help="mt_bench humaneval summarisation copy")
     d.add_argument("--threads", type=int, default=None)
     from recap.bench import DEFAULT_DRAFTERS
 
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--budget", default=32, type=lambda v: v if v == "auto" else int(v),
                    help="tree nodes per step for RECAP and best-first drafters (default 32)")
     b.add_argument("--max-new-tokens", type=int, default=200)
-    b.add_argument("--sets", nargs="*", default=None, help="mt_bench humaneval summarisation (default: all)")
+    b.add_argument("--sets", nargs="*", default=None, help="mt_bench humaneval summarisation copy (default: all)")
     b.add_argument("--per-set", type=int, default=None, help="prompts per data set (default: all)")
     b.add_argument("--prompts", default=None, help="a JSONL of {set, id, turns} (default: the shipped set)")
     b.add_argument("--model", default=None,
