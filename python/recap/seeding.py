@@ -24,7 +24,7 @@ from recap import measurements
 from recap.model_state import state_of
 
 SEED_SHARE = 0.04  # seeding may add this share of the prefill's forward time
-SEED_FLOOR = 21.0  # the last positions whose head costs this many prompt tokens' forward are always seeded
+SEED_FLOOR = 26.0  # the last positions whose head costs this many prompt tokens' forward are always seeded
 CHUNK = 256  # positions per head call (bounds memory)
 # The head's softmax and top-k, and its one large product (less efficient per multiply-add
 # than the layers' on a CPU), make it dearer than its share of the parameters: on a 2-core
