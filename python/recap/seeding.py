@@ -28,8 +28,9 @@ SEED_FLOOR = 26.0  # the last positions whose head costs this many prompt tokens
 CHUNK = 256  # positions per head call (bounds memory)
 # The head's softmax and top-k, and its one large product (less efficient per multiply-add
 # than the layers' on a CPU), make it dearer than its share of the parameters: on a 2-core
-# x86 CPU the prefills measured 1.6x that share on SmolLM2-135M and 2.4x on a
-# Qwen2.5-0.5B-shaped model. Only the first seeding prefill of a model uses the estimate.
+# x86 CPU the prefills measured 1.7-1.9x that share on SmolLM2-135M (0.37-0.40 against
+# 0.21) and 2.1-2.4x on a Qwen2.5-0.5B-shaped model (0.59-0.66 against 0.28). Only the
+# first seeding prefill of a model uses the estimate.
 HEAD_OVERHEAD = 2.0
 
 
