@@ -163,3 +163,71 @@ def test_first_use_prices_the_layout_probes_size_by_the_probes_own_passes(monkey
     assert cost.points[-1] == linear_layout.PROBE_TOKENS and cost.seconds[-1] == min(probe)
     # The probe ran 12 tokens both ways (one warm-up, two pairs); the curve added 1 and 4 only.
     assert sorted(n for n, _, _ in runs) == [1, 1, 4, 4] + [12] * 5
+
+
+def _state(points, ms, ratio, seen, steps=100, overall=1.0):
+    return {"points": points, "ms": ms, "online_ratio": ratio, "seen": seen, "global_ratio": overall,
+            "observed_steps": steps, "host_ms": 0.1}
+
+
+def test_a_kept_curve_that_decoding_shows_wrong_is_replaced_here_and_in_the_store(tmp_path, monkeypatch):
+    import copy
+
+    from recap import budget, measurements
+    from recap.model_state import state_of
+
+    monkeypatch.setenv("RECAP_CACHE", "1")
+    monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
+    model = copy.deepcopy(text_model("Llama"))
+    key = budget.model_key(model) + ("default",)
+    kept = budget.CostModel([1, 4, 12], [0.100, 0.020, 0.030])  # c(1) taken while the machine was busy
+    state_of(model).cost_curves[key] = kept
+    # Too few steps, or every point within HEAL_OFF of the kept curve: left alone.
+    few = _state([1, 4, 12], [100, 20, 30], [0.2, 1, 1], [50, 0, 0], steps=10)
+    assert budget.heal(model, ("default",), few) is None
+    assert budget.heal(model, ("default",), _state([1, 4, 12], [100, 20, 30], [1.1, 0.9, 1.2], [50, 9, 9])) is None
+    assert budget.heal(model, ("default",), None) is None
+    assert state_of(model).cost_curves[key] is kept
+    # Point 1 really costs 15 ms (50 passes say so); 4 was seen too little to judge; the curve
+    # grew online to 24 (well seen) and 40 (seen once: left out).
+    healed = budget.heal(model, ("default",), _state([1, 4, 12, 24, 40], [100, 20, 30, 44, 60],
+                                                     [0.15, 0.5, 1.1, 1.0, 1.0], [50, 2, 9, 12, 1], overall=1.2))
+    assert healed is not None and healed.points == [1, 4, 12, 24]
+    assert healed.seconds == pytest.approx([0.015, 0.024, 0.033, 0.044])  # 4: the global correction
+    assert state_of(model).cost_curves[key] is healed
+    stored = measurements.load(measurements.key(model, "cost", ("default",)))
+    assert stored == {"points": healed.points, "seconds": healed.seconds}  # what the next process loads
+    # The healed curve is what later requests are judged against: the same state is now right.
+    assert budget.heal(model, ("default",), _state([1, 4, 12, 24], [100, 20, 30, 44], [0.15, 1.2, 1.1, 1.0],
+                                                   [60, 2, 10, 13], overall=1.2)) is None
+
+
+def test_decoding_replaces_a_wrong_stored_curve_for_the_next_process(tmp_path, monkeypatch):
+    import copy
+
+    from recap import budget, measurements
+    from recap.model_state import state_of
+
+    monkeypatch.setenv("RECAP_CACHE", "1")
+    monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
+    model = copy.deepcopy(text_model("Qwen2"))
+    stored_as = measurements.key(model, "cost", ("default",))
+    measurements.store(stored_as, {"points": [1, 4, 12], "seconds": [5.0, 6.0, 7.0]})  # seconds, not ms
+    prompt = torch.tensor([[5, 9, 14, 21, 7, 33, 5, 9, 14, 21]])
+    want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=120,
+                          min_new_tokens=120, do_sample=False)
+    dec = recap.Decoder(model, linear_layout="default")
+    assert dec.cost.seconds == [5.0, 6.0, 7.0]  # an earlier process's curve is trusted at first
+    for _ in range(3):  # the online curve carries over between requests: its steps add up
+        got = dec.generate(prompt, max_new_tokens=120, min_new_tokens=120)
+        assert torch.equal(got, want)  # only the tree sizes ever depend on the curve
+        if dec.last_stats.cost["observed_steps"] < budget.HEAL_AFTER:
+            assert dec.cost.seconds == [5.0, 6.0, 7.0]  # not judged on a few steps
+    assert dec.last_stats.cost["observed_steps"] >= budget.HEAL_AFTER
+    real = dec.last_stats.cost
+    assert dec.cost.seconds[0] < 0.5 and dec.cost.points[:3] == [1, 4, 12]
+    # what the controller prices a one-token pass at now (within what heals again)
+    assert dec.cost.seconds[0] == pytest.approx(real["ms"][0] / 1e3 * real["online_ratio"][0], rel=budget.HEAL_OFF)
+    assert measurements.load(stored_as)["seconds"] == dec.cost.seconds
+    state_of(model).__init__()  # a later process on the same model
+    assert recap.Decoder(model, linear_layout="default").cost.seconds == dec.cost.seconds

@@ -30,6 +30,12 @@ from recap.model_state import state_of
 # the curve's point.
 POINTS = (1, 4, 12)
 CALIBRATION_PAST = 64  # context tokens in the cache while measuring (the online correction follows real ones)
+# The stored curve is replaced by what decoding measured (`heal`) once the online curve has
+# seen HEAL_AFTER steps and a point that HEAL_SEEN real passes corrected is HEAL_OFF (relative)
+# away from it, or such a point lies past its last one.
+HEAL_AFTER = 64
+HEAL_SEEN = 8
+HEAL_OFF = 0.25
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,52 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
     per_model[key] = CostModel(points, seconds)
     measurements.store(stored_as, {"points": points, "seconds": seconds})
     return per_model[key]
+
+
+def _at(curve: CostModel, n: int) -> float:
+    """c(n) of a stored curve as the controller reads it: interpolated, extended past the
+    last point along the last segment."""
+    xs, ys = curve.points, curve.seconds
+    if n <= xs[-1] or len(xs) < 2:
+        return float(np.interp(n, xs, ys))
+    slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+    return ys[-1] + slope * (n - xs[-1])
+
+
+def heal(model: torch.nn.Module, variant: tuple, state: dict | None) -> CostModel | None:
+    """Replaces the cost curve kept for `model` (with the model and across processes) by the
+    one the controller now prices with (`state`: a session's `cost_state()`), when decoding
+    has shown the kept one wrong: a curve measured while the machine was busy, or one taken
+    at a short context that long requests outgrow, would otherwise mislead every later
+    process. Each point corrected by at least HEAL_SEEN real passes takes its corrected time;
+    the others take the global correction, as the controller prices them; a point added
+    online that few passes saw is left out. Returns the curve stored, or None."""
+    if not state or state.get("observed_steps", 0) < HEAL_AFTER:
+        return None
+    per_model = state_of(model).cost_curves
+    key = model_key(model) + tuple(variant)
+    kept = per_model.get(key)
+    if kept is None:
+        return None
+    points, ms = list(state["points"]), list(state["ms"])
+    ratio, seen, overall = list(state["online_ratio"]), list(state["seen"]), float(state["global_ratio"])
+    new_points, new_seconds, wrong = [], [], False
+    for p, t, r, n in zip(points, ms, ratio, seen, strict=True):
+        well_seen = n >= HEAL_SEEN
+        if p not in kept.points and not well_seen:
+            continue
+        value = t / 1e3 * (r if well_seen else overall)
+        if well_seen and (p > kept.points[-1] or abs(value / _at(kept, p) - 1.0) > HEAL_OFF):
+            wrong = True
+        new_points.append(int(p))
+        new_seconds.append(value)
+    if not wrong:
+        return None
+    healed = CostModel(new_points, _monotone(np.asarray(new_seconds)).tolist())
+    per_model[key] = healed
+    measurements.store(measurements.key(model, "cost", tuple(variant)),
+                       {"points": healed.points, "seconds": healed.seconds})
+    return healed
 
 
 class ChainPasses:

@@ -26,7 +26,7 @@ from recap.adapters import ModelAdapter, adapter_for
 from recap.batch_budget import BatchBudget
 from recap.batch_decode import decode_batch
 from recap.budget import POINTS as _COST_POINTS
-from recap.budget import ChainPasses, CostModel, cost_model, model_key
+from recap.budget import ChainPasses, CostModel, cost_model, heal, model_key
 from recap.config import RecapConfig
 from recap.conformance import probe
 from recap.memory_pool import MemoryPool, memory_fingerprint
@@ -174,7 +174,8 @@ class Decoder:
 
     @property
     def cost(self) -> CostModel | None:
-        """The measured cost curve behind budget="auto" (taken on first use); the drafter
+        """The measured cost curve behind budget="auto" (taken on first use, or replaced by
+        what decoding measured when that showed it wrong: `recap.budget.heal`); the drafter
         corrects it online (`last_stats.cost` shows its state)."""
         self._prepare()
         return self._cost
@@ -340,6 +341,9 @@ class Decoder:
             streamer.end()
         if self._cost is not None:
             stats.cost = session.cost_state()
+            healed = heal(self.model, (self._layout_name(),), stats.cost)  # a kept curve decoding showed wrong
+            if healed is not None:
+                self._cost = healed
         stats.new_tokens = len(out)
         stats.kv_bytes = tp.cache.nbytes()
         stats.total_s = time.perf_counter() - t_start

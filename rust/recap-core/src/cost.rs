@@ -4,7 +4,8 @@
 //! every step then reports the size and time of its verification pass and the host time of
 //! the step before. Each measured point gets a correction factor once real passes of about its
 //! size were seen (MIN_OBSERVATIONS), the others share a global one (the cost drifts with the
-//! context length for every size alike). c(n) is the corrected measurement, made
+//! context length for every size alike); each factor is the mean of its first passes' ratios,
+//! then an average with weight EMA, so a measurement far off is replaced within a few passes. c(n) is the corrected measurement, made
 //! non-decreasing in n, interpolated (extrapolated past the last point), plus the host time.
 //!
 //! The curve grows online: a pass well past the last point (EXTEND_FACTOR) becomes a new
@@ -31,6 +32,8 @@ pub struct CostCurve {
     global_ratio: f64,
     host_s: f64,
     observed: u64,
+    /// Passes that corrected the global ratio.
+    timed: u64,
 }
 
 /// np.interp on sorted xs: clamped at both ends.
@@ -74,6 +77,7 @@ impl CostCurve {
             global_ratio: 1.0,
             host_s: 0.0,
             observed: 0,
+            timed: 0,
         })
     }
 
@@ -94,6 +98,10 @@ impl CostCurve {
     }
     pub fn observed(&self) -> u64 {
         self.observed
+    }
+    /// Real passes that corrected each point so far.
+    pub fn seen(&self) -> &[u32] {
+        &self.seen
     }
 
     /// One step: a verification pass over `tokens` took `forward_s`; the host work of the
@@ -120,12 +128,14 @@ impl CostCurve {
         let xs: Vec<f64> = self.points.iter().map(|&p| p as f64).collect();
         let base = interp(tokens as f64, &xs, &self.seconds);
         let r = forward_s / base;
-        if self.seen[i] == 0 {
-            self.ratio[i] = self.global_ratio;
-        }
-        self.ratio[i] += EMA * (r - self.ratio[i]);
-        self.global_ratio += EMA * (r - self.global_ratio);
+        // The mean of the first observations, then an average that follows drift: a
+        // correction starts from what real passes took, however far off the measurement
+        // was (one taken while the machine was busy, or kept from another process), instead
+        // of forgetting it at EMA per pass.
         self.seen[i] += 1;
+        self.ratio[i] += EMA.max(1.0 / self.seen[i] as f64) * (r - self.ratio[i]);
+        self.timed += 1;
+        self.global_ratio += EMA.max(1.0 / self.timed as f64) * (r - self.global_ratio);
     }
 
     /// c(1), ..., c(max_tokens) in seconds, host time included.
@@ -178,6 +188,22 @@ mod tests {
         assert!((v[1] - 0.014).abs() < 1e-6); // the noisy 2-token point is pulled down
         assert!(v.windows(2).all(|w| w[0] <= w[1] + 1e-9));
         assert!((v[9] - 0.020).abs() < 1e-6); // slope of the last segment: 0.001 per token
+    }
+
+    #[test]
+    fn a_measurement_far_off_is_replaced_by_the_first_real_passes() {
+        // Kept from a busy machine: 50x what passes really take.
+        let mut c = CostCurve::new(vec![1, 4, 12], vec![0.5, 1.0, 1.5]).unwrap();
+        for _ in 0..3 {
+            c.observe(1, 0.010, None);
+            c.observe(4, 0.020, None);
+        }
+        let v = c.curve(12);
+        assert!((v[0] - 0.010).abs() < 1e-6, "{}", v[0]);
+        assert!((v[3] - 0.020).abs() < 1e-6, "{}", v[3]);
+        assert!((c.global_ratio() - 0.02).abs() < 1e-9); // 12 is priced by the global one
+        assert!((v[11] - 0.030).abs() < 1e-6, "{}", v[11]);
+        assert_eq!(c.seen(), &[3, 3, 0]);
     }
 
     #[test]

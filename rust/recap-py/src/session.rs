@@ -103,7 +103,8 @@ impl Session {
     }
 
     /// The online cost curve's state as a dict (None without one): measured points and ms,
-    /// per-point and global correction factors, steps observed, host ms per step.
+    /// per-point and global correction factors, the passes that corrected each point, steps
+    /// observed, host ms per step.
     fn cost_state<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Some(c) = self.session.cost_curve() else {
             return Ok(None);
@@ -115,6 +116,7 @@ impl Session {
             c.seconds().iter().map(|s| s * 1e3).collect::<Vec<f64>>(),
         )?;
         d.set_item("online_ratio", c.ratios().to_vec())?;
+        d.set_item("seen", c.seen().to_vec())?;
         d.set_item("global_ratio", c.global_ratio())?;
         d.set_item("observed_steps", c.observed())?;
         d.set_item("host_ms", c.host_s() * 1e3)?;
