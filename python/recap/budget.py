@@ -10,7 +10,8 @@ The controller itself is Rust (`recap_core::cost`, `recap_core::budget`): it cor
 curve online from every step's timings (the true cost also grows with the context length),
 extends it with the real passes the controller asks for past its last point (bigger trees
 are priced by the extrapolation until one has run), adds the host time per step, and cuts
-each tree to the prefix with the most expected committed tokens per second.
+each tree to the prefix with the most expected committed tokens per second. When decoding
+shows the kept curve wrong, the curve the controller prices with replaces it (`heal`).
 """
 
 from __future__ import annotations
