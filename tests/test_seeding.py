@@ -15,10 +15,11 @@ from tiny_models import text_family
 
 def test_positions_follow_the_heads_share():
     assert seeding.positions(2000, 0.1) == 800  # SEED_SHARE (4%) of the forward's time
-    assert seeding.positions(300, 0.45) == int(seeding.SEED_FLOOR / 0.45)  # 4% would be 26 positions: the floor
+    assert seeding.positions(60, 0.45) == int(seeding.SEED_FLOOR / 0.45)  # 4% would be 5 positions: the floor
     assert seeding.positions(693, 0.9) == int(0.04 * 693 / 0.9)  # a longer prompt: 4% is above the floor
     assert seeding.positions(693, 0.01) == 693  # a cheap head: every position
-    assert seeding.positions(30, 0.1) == 30 and seeding.positions(300, 5.0) == int(seeding.SEED_FLOOR / 5.0)
+    assert seeding.positions(30, 0.1) == 30 and seeding.positions(100, 0.8) == int(seeding.SEED_FLOOR / 0.8)
+    assert seeding.positions(60, 8.0) == 0  # a head dearer than the floor's worth: nothing seeded
     assert seeding.positions(50, 0.0) == 50
 
 
@@ -26,7 +27,7 @@ def test_a_dear_head_seeds_only_the_prompts_end_and_output_is_unchanged():
     model = copy.deepcopy(text_family("Llama"))
     prompt = torch.tensor([list(range(3, 43)) * 5])  # 200 tokens
     want = model.generate(prompt, max_new_tokens=24, do_sample=False)
-    for share, rows in ((0.5, int(seeding.SEED_FLOOR / 0.5)), (1e-3, 200)):
+    for share, rows in ((0.5, int(0.04 * 200 / 0.5)), (1e-3, 200)):
         dec = recap.Decoder(model)
         dec.calibrate()
         state_of(model).head_share = share  # what the next prefill seeds by
