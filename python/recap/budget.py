@@ -95,16 +95,6 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
     return per_model[key]
 
 
-def _at(curve: CostModel, n: int) -> float:
-    """c(n) of a stored curve as the controller reads it: interpolated, extended past the
-    last point along the last segment."""
-    xs, ys = curve.points, curve.seconds
-    if n <= xs[-1] or len(xs) < 2:
-        return float(np.interp(n, xs, ys))
-    slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-    return ys[-1] + slope * (n - xs[-1])
-
-
 def heal(model: torch.nn.Module, variant: tuple, state: dict | None) -> CostModel | None:
     """Replaces the cost curve kept for `model` (with the model and across processes) by the
     one the controller now prices with (`state`: a session's `cost_state()`), when decoding
@@ -128,7 +118,10 @@ def heal(model: torch.nn.Module, variant: tuple, state: dict | None) -> CostMode
         if p not in kept.points and not well_seen:
             continue
         value = t / 1e3 * (r if well_seen else overall)
-        if well_seen and (p > kept.points[-1] or abs(value / _at(kept, p) - 1.0) > HEAL_OFF):
+        # A point past the kept curve's last is new evidence; one within it is compared
+        # with the kept curve's interpolation.
+        if well_seen and (p > kept.points[-1]
+                          or abs(value / float(np.interp(p, kept.points, kept.seconds)) - 1.0) > HEAL_OFF):
             wrong = True
         new_points.append(int(p))
         new_seconds.append(value)

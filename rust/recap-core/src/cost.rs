@@ -5,8 +5,9 @@
 //! the step before. Each measured point gets a correction factor once real passes of about its
 //! size were seen (MIN_OBSERVATIONS), the others share a global one (the cost drifts with the
 //! context length for every size alike); each factor is the mean of its first passes' ratios,
-//! then an average with weight EMA, so a measurement far off is replaced within a few passes. c(n) is the corrected measurement, made
-//! non-decreasing in n, interpolated (extrapolated past the last point), plus the host time.
+//! then an average with weight EMA, so a measurement far off is replaced within a few passes.
+//! c(n) is the corrected measurement, made non-decreasing in n, interpolated (extrapolated
+//! past the last point), plus the host time.
 //!
 //! The curve grows online: a pass well past the last point (EXTEND_FACTOR) becomes a new
 //! point, in the measurement's units (its time over the global correction). So first use
