@@ -161,8 +161,10 @@ def test_first_use_prices_the_layout_probes_size_by_the_probes_own_passes(monkey
     transposed = dec.linear_layout_used == "transposed"
     probe = [t for n, active, t in runs if n == linear_layout.PROBE_TOKENS and active == transposed]
     assert cost.points[-1] == linear_layout.PROBE_TOKENS and cost.seconds[-1] == min(probe)
-    # The probe ran 12 tokens both ways (one warm-up, two pairs); the curve added 1 and 4 only.
-    assert sorted(n for n, _, _ in runs) == [1, 1, 4, 4] + [12] * 5
+    # The probe ran 12 tokens both ways (a warm-up, one or two pairs); the curve added one
+    # pass at 1 and one at 4 only.
+    sizes = sorted(n for n, _, _ in runs)
+    assert sizes[:2] == [1, 4] and sizes[2:] in ([12] * 3, [12] * 5)
 
 
 def _state(points, ms, ratio, seen, steps=100, overall=1.0):

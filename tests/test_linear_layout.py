@@ -56,11 +56,31 @@ def test_choose_measures_once_per_key_and_validates():
     assert calls == []  # explicit layouts are not measured
     first = choose(model, probe, ("test", 2), "auto")
     n = len(calls)
-    assert n == 5  # a warm-up and two interleaved timings each way
+    assert n in (3, 5)  # a warm-up and one or two interleaved timings each way
     again = choose(model, probe, ("test", 2), "auto")
     assert len(calls) == n and (first is None) == (again is None)
     with pytest.raises(ValueError, match="linear_layout: expected one of auto, default, transposed; got 'fast'"):
         choose(model, probe, ("test", 3), "fast")
+
+
+@pytest.mark.parametrize(("transposed_s", "pairs", "kept"), [(0.5, 1, True), (1.5, 1, False), (0.9, 2, True),
+                                                              (1.0, 2, False)])
+def test_one_pair_of_probe_passes_decides_only_a_wide_gap(monkeypatch, transposed_s, pairs, kept):
+    import recap.linear_layout as layouts
+
+    model = text_model("Qwen2")
+    layout = layouts.layout_of(model)
+    timed = []
+
+    def fake_time(probe):  # the times, not the clock: a transposed pass takes `transposed_s`
+        probe()
+        timed.append(layout.active)
+        return transposed_s if layout.active else 1.0
+
+    monkeypatch.setattr(layouts, "_time", fake_time)
+    chosen = choose(model, lambda: None, ("pairs", transposed_s), "auto")
+    assert timed == [False, True] * pairs
+    assert (chosen is not None) == kept
 
 
 @pytest.mark.parametrize("budget", [6, "auto"])

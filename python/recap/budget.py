@@ -2,8 +2,10 @@
 
 c(n) is the time of one verification pass over n tree tokens (root included), top-k and the
 device-to-host copy included, exactly as a decoding step runs it. At first use it is measured
-only for the small trees every request needs (POINTS: 1, 4 and 12 tokens, at most 7 passes;
-the 12 is the linear-layout probe's where that ran), once per model, device, dtype, thread
+only for the small trees every request needs (POINTS: 1, 4 and 12 tokens, one pass each
+after a warm-up: the online corrections start from the first real passes, so a second
+timing would be replaced within a few steps anyway; the 12 is the linear-layout probe's
+where that ran), once per model, device, dtype, thread
 count and linear layout (cached with the model and across
 processes, `recap.measurements`), and handed to the drafter (`Drafter.set_cost_points`).
 The controller itself is Rust (`recap_core::cost`, `recap_core::budget`): it corrects the
@@ -61,7 +63,7 @@ def model_key(model: torch.nn.Module) -> tuple:
 
 
 def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tuple = (),
-               refresh: bool = False, reps: int = 2, passes: ChainPasses | None = None,
+               refresh: bool = False, reps: int = 1, passes: ChainPasses | None = None,
                known: dict[int, float] | None = None) -> CostModel:
     """The cached cost model of `model` (measured now if missing, or if `refresh`).
 
