@@ -63,9 +63,9 @@ def test_choose_measures_once_per_key_and_validates():
         choose(model, probe, ("test", 3), "fast")
 
 
-@pytest.mark.parametrize(("transposed_s", "pairs", "kept"), [(0.5, 1, True), (1.5, 1, False), (0.9, 2, True),
+@pytest.mark.parametrize(("transposed_s", "pairs", "kept"), [(0.5, 1, True), (1.5, 2, False), (0.9, 2, True),
                                                               (1.0, 2, False)])
-def test_one_pair_of_probe_passes_decides_only_a_wide_gap(monkeypatch, transposed_s, pairs, kept):
+def test_one_pair_of_probe_passes_decides_only_a_wide_gain(monkeypatch, transposed_s, pairs, kept):
     import recap.linear_layout as layouts
 
     model = text_model("Qwen2")

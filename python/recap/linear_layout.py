@@ -25,7 +25,7 @@ from recap.model_state import state_of
 LAYOUTS = ("auto", "default", "transposed")
 GAIN = 0.95  # use the transposed layout only if a pass takes at most this share of the time
 PROBE_TOKENS = 12  # rows of the probe pass: a typical tree on a CPU
-DECISIVE = 0.8  # one pair of probe passes decides when one layout takes at most this share of the other's time
+DECISIVE = 0.8  # one pair of probe passes decides when the transposed takes at most this share of the time
 MEMORY_SHARE = 0.5  # "auto" never spends more than this share of available memory on the copy
 
 
@@ -168,8 +168,8 @@ def layout_of(model: torch.nn.Module) -> LinearLayout:
 
 def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayout | None:
     """The layout to verify with: None for the model's own. "auto" measures `probe()` (one
-    verification pass) both ways, in two interleaved pairs (one where the first is
-    DECISIVE), on CPU models whose weight copy fits in MEMORY_SHARE of the available memory,
+    verification pass) both ways, in two interleaved pairs (one where the first shows
+    a DECISIVE gain), on CPU models whose weight copy fits in MEMORY_SHARE of the available memory,
     once per `key`; other devices keep their own."""
     if layout not in LAYOUTS:
         raise ValueError(f"linear_layout: expected one of {', '.join(LAYOUTS)}; got {layout!r}")
@@ -196,8 +196,9 @@ def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayo
                 own.append(_time(probe))
                 with candidate:
                     flipped.append(_time(probe))
-                if not DECISIVE < min(flipped) / min(own) < 1 / DECISIVE:
-                    break  # a gap this wide is not noise: a second pair would not change the choice
+                if min(flipped) <= DECISIVE * min(own):
+                    break  # a gain this wide is not noise; a loss is timed twice (keeping the
+                    # slower layout for good costs more than a copy kept for nothing)
             decisions[key] = min(flipped) <= GAIN * min(own)  # noise only adds time
             measurements.store(stored_as, decisions[key])
     if decisions[key]:
