@@ -5,9 +5,9 @@ device-to-host copy included, exactly as a decoding step runs it. At first use i
 only for the small trees every request needs (POINTS: 1, 4 and 12 tokens, one pass each
 after a warm-up: the online corrections start from the first real passes, so a second
 timing would be replaced within a few steps anyway; the 12 is the linear-layout probe's
-where that ran), once per model, device, dtype, thread
-count and linear layout (cached with the model and across
-processes, `recap.measurements`), and handed to the drafter (`Drafter.set_cost_points`).
+where that ran), once per model, device, dtype, thread count and linear layout (cached with
+the model and across processes, `recap.measurements`), and handed to the drafter
+(`Drafter.set_cost_points`).
 The controller itself is Rust (`recap_core::cost`, `recap_core::budget`): it corrects the
 curve online from every step's timings (the true cost also grows with the context length),
 extends it with the real passes the controller asks for past its last point (bigger trees

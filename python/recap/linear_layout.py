@@ -168,9 +168,9 @@ def layout_of(model: torch.nn.Module) -> LinearLayout:
 
 def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayout | None:
     """The layout to verify with: None for the model's own. "auto" measures `probe()` (one
-    verification pass) both ways, in two interleaved pairs (one where the first shows
-    a DECISIVE gain), on CPU models whose weight copy fits in MEMORY_SHARE of the available memory,
-    once per `key`; other devices keep their own."""
+    verification pass) both ways, in two interleaved pairs (one where the first shows a
+    DECISIVE gain), on CPU models whose weight copy fits in MEMORY_SHARE of the available
+    memory, once per `key`; other devices keep their own."""
     if layout not in LAYOUTS:
         raise ValueError(f"linear_layout: expected one of {', '.join(LAYOUTS)}; got {layout!r}")
     if layout == "default":
@@ -196,9 +196,10 @@ def choose(model: torch.nn.Module, probe, key: tuple, layout: str) -> LinearLayo
                 own.append(_time(probe))
                 with candidate:
                     flipped.append(_time(probe))
+                # A gain this wide is not noise; a loss is timed twice (keeping the slower
+                # layout for good costs more than a copy kept for nothing).
                 if min(flipped) <= DECISIVE * min(own):
-                    break  # a gain this wide is not noise; a loss is timed twice (keeping the
-                    # slower layout for good costs more than a copy kept for nothing)
+                    break
             decisions[key] = min(flipped) <= GAIN * min(own)  # noise only adds time
             measurements.store(stored_as, decisions[key])
     if decisions[key]:
