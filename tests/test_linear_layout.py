@@ -1,10 +1,12 @@
 """recap.linear_layout: linear layers against a transposed weight copy, chosen by measurement."""
 
+import numpy as np
 import pytest
 import recap
 import torch
 from recap import RecapConfig
-from recap.linear_layout import LinearLayout, choose
+from recap._core import transpose_into
+from recap.linear_layout import LinearLayout, choose, transposed
 from tiny_models import llava_inputs, text_model
 
 IDS = torch.tensor([[5, 9, 14, 21, 7, 33, 5, 9, 14, 21]])
@@ -26,6 +28,31 @@ def test_layout_computes_the_same_outputs_and_restores_the_modules():
     assert layout.bytes == weights  # one transposed copy of every linear weight
     layout.release()
     assert layout.bytes == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 70), (97, 33), (64, 64)])
+def test_transposed_copy_is_exact_in_every_dtype(dtype, shape):
+    w = torch.randn(shape, dtype=torch.float64).to(dtype)
+    wt = transposed(w)
+    assert wt.shape == (shape[1], shape[0]) and wt.is_contiguous() and wt.dtype == dtype
+    assert torch.equal(wt, w.T)
+    assert torch.equal(transposed(w.T), w)  # a strided weight takes torch's copy
+
+
+def test_transpose_into_names_what_it_expected():
+    src = np.arange(6, dtype=np.uint32).reshape(2, 3)
+    with pytest.raises(ValueError, match=r"dst: expected shape \[3, 2\] \(src transposed\), got \[2, 3\]"):
+        transpose_into(src, np.zeros((2, 3), np.uint32))
+    with pytest.raises(TypeError, match="dst: expected a writable 2-D array of the same dtype as src"):
+        transpose_into(src, np.zeros((3, 2), np.uint16))
+    with pytest.raises(TypeError, match="src: expected a 2-D numpy array of uint16, uint32 or uint64"):
+        transpose_into(src.astype(np.float32), np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        transpose_into(src.T, np.zeros((2, 3), np.uint32))
+    dst = np.zeros((3, 2), np.uint32)
+    transpose_into(src, dst, threads=4)
+    assert (dst == src.T).all()
 
 
 def test_layout_follows_weights_changed_in_place():

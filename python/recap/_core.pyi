@@ -20,6 +20,10 @@ def check_recap_config(
     memory_capacity: int,
 ) -> None: ...
 
+def transpose_into(src: npt.NDArray[Any], dst: npt.NDArray[Any], threads: int = 1) -> None:
+    """Writes src's transpose into dst (src [r, c], dst [c, r], C-contiguous uint16, uint32
+    or uint64: a weight's bits) on up to `threads` threads."""
+
 class PersistentMemory:
     def __init__(self, vocab_size: int, *, k: int = 8, capacity: int = 49152) -> None: ...
     @property

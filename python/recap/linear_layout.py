@@ -20,6 +20,7 @@ import time
 import torch
 
 from recap import measurements
+from recap._core import transpose_into
 from recap.model_state import state_of
 
 LAYOUTS = ("auto", "default", "transposed")
@@ -27,6 +28,24 @@ GAIN = 0.95  # use the transposed layout only if a pass takes at most this share
 PROBE_TOKENS = 12  # rows of the probe pass: a typical tree on a CPU
 DECISIVE = 0.8  # one pair of probe passes decides when the transposed takes at most this share of the time
 MEMORY_SHARE = 0.5  # "auto" never spends more than this share of available memory on the copy
+
+
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # a weight's bits, by element size
+
+
+def transposed(w: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of W^T. On the CPU the Rust core's blocked transpose does it, on
+    torch's thread count (2.4x faster than `w.T.contiguous()`, whose strided walk is most
+    of a first use's weight copy: 0.56-0.61 s against 1.37-1.45 s for a 0.5B model's 2 GB
+    on the 2-core VM); elsewhere torch does."""
+    w = w.detach()
+    bits = _BITS.get(w.element_size())
+    if w.device.type != "cpu" or w.dim() != 2 or not w.is_contiguous() or bits is None or w.is_complex():
+        return w.T.contiguous()
+    wt = torch.empty((w.shape[1], w.shape[0]), dtype=w.dtype)
+    as_bits = lambda t: t.view(bits).numpy().view(f"uint{8 * t.element_size()}")  # noqa: E731
+    transpose_into(as_bits(w), as_bits(wt), torch.get_num_threads())
+    return wt
 
 
 def available_memory() -> int:
@@ -122,7 +141,7 @@ class LinearLayout:
         versions = [m.weight._version for m in self.modules]
         if versions != self._versions:  # first use, or the weights were changed in place
             with torch.no_grad():
-                self._copies = [m.weight.detach().T.contiguous() for m in self.modules]
+                self._copies = [transposed(m.weight) for m in self.modules]
             self._versions = versions
 
     def __enter__(self) -> LinearLayout:

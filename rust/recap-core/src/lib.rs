@@ -31,6 +31,7 @@ mod shared_memory;
 mod snapshot;
 mod suffix;
 mod token_set;
+mod transpose;
 mod tree;
 
 pub use accept::{accept_path, Acceptance};
@@ -49,6 +50,7 @@ pub use shared_memory::{SharedMemory, MAX_K};
 pub use snapshot::{Expect as SnapshotExpect, Header as SnapshotHeader};
 pub use suffix::SuffixAutomaton;
 pub use token_set::TokenSet;
+pub use transpose::transpose_into;
 pub use tree::{DraftTree, NodeSource};
 
 /// The header of a memory snapshot file (checked, without reading the rows into a table).

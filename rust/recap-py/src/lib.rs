@@ -13,6 +13,7 @@ mod arrays;
 mod config;
 mod drafter;
 mod errors;
+mod layout;
 mod memory;
 mod session;
 mod step;
@@ -24,5 +25,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     drafter::init(m)?;
     session::init(m)?;
     config::init(m)?;
+    layout::init(m)?;
     Ok(())
 }

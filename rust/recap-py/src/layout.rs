@@ -1,0 +1,76 @@
+//! `transpose_into(src, dst, threads)`: the blocked transpose behind the CPU linear layout's
+//! weight copies (`recap.linear_layout`). The caller passes the weights' bits as unsigned
+//! integers of the element's size, so one kernel serves every dtype.
+
+use numpy::{PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use recap_core::Error;
+
+use crate::arrays::describe;
+use crate::errors::to_py;
+
+fn run<T: numpy::Element + Copy + Send + Sync>(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    dst: &Bound<'_, PyAny>,
+    threads: usize,
+) -> Option<PyResult<()>> {
+    let src = src.extract::<PyReadonlyArray2<'_, T>>().ok()?;
+    let mut dst = match dst.extract::<PyReadwriteArray2<'_, T>>() {
+        Ok(d) => d,
+        Err(_) => {
+            return Some(Err(to_py(Error::wrong_type(
+                "dst",
+                "a writable 2-D array of the same dtype as src",
+                describe(dst),
+            ))))
+        }
+    };
+    let [rows, cols] = [src.shape()[0], src.shape()[1]];
+    if dst.shape() != [cols, rows] {
+        return Some(Err(to_py(Error::shape(
+            "dst",
+            format!("[{cols}, {rows}] (src transposed)"),
+            format!("{:?}", dst.shape()),
+        ))));
+    }
+    // as_slice also takes Fortran order, whose bits are laid out transposed already.
+    let c_order = src.is_c_contiguous() && dst.is_c_contiguous();
+    let (true, Ok(s), Ok(d)) = (c_order, src.as_slice(), dst.as_slice_mut()) else {
+        return Some(Err(to_py(Error::invalid(
+            "src, dst",
+            "C-contiguous arrays",
+            "a strided view",
+        ))));
+    };
+    Some(
+        py.detach(|| recap_core::transpose_into(s, rows, cols, d, threads))
+            .map_err(to_py),
+    )
+}
+
+/// Writes src's transpose into dst: src [rows, cols], dst [cols, rows], both C-contiguous
+/// numpy arrays of uint16, uint32 or uint64 (a weight's bits), on up to `threads` threads.
+#[pyfunction]
+#[pyo3(signature = (src, dst, threads = 1))]
+fn transpose_into(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    dst: &Bound<'_, PyAny>,
+    threads: usize,
+) -> PyResult<()> {
+    run::<u32>(py, src, dst, threads)
+        .or_else(|| run::<u16>(py, src, dst, threads))
+        .or_else(|| run::<u64>(py, src, dst, threads))
+        .unwrap_or_else(|| {
+            Err(to_py(Error::wrong_type(
+                "src",
+                "a 2-D numpy array of uint16, uint32 or uint64",
+                describe(src),
+            )))
+        })
+}
+
+pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(transpose_into, m)?)
+}
