@@ -1,14 +1,14 @@
 """The conformance probe: on first use of a model, one small draft tree is verified in a
 single pass (`recap.tree_pass.TreePass`, the pass decoding runs) and compared with the
-model's own causal forward over each of the tree's paths (two plain forwards, the model's
-own mask and positions), and the cache is compacted to a side branch and decoded one more
+model's own causal forward over each of the tree's paths (one plain forward over both, the
+model's own mask and positions; one per path where the model takes no batch), and the cache is compacted to a side branch and decoded one more
 token. A model that ignores the tree mask, the explicit positions or the compaction is
 refused with the reason, instead of decoding wrong text.
 
 A pass is kept with the model and across processes (`recap.measurements`, keyed by the
 model's fingerprint and class, dtype, device, attention implementation and the torch,
 transformers and recap versions), so a later process on the same model skips the probe's
-five passes.
+four passes.
 
 Tree (preorder):  r -> a -> b -> c   and   r -> d -> e;  after the pass, keep r, d, e and
 decode f. When the model has a short sliding window, the context is longer than the window,
@@ -48,13 +48,19 @@ def _tokens(adapter: ModelAdapter, n: int) -> list[int]:
     return out
 
 
-def _causal(adapter: ModelAdapter, context: list[int], tail: list[int], device) -> torch.Tensor:
-    """Logits after each token of `tail` following `context`: one plain forward of the
-    model (its own causal mask and positions, no cache; one row, as some wrappers such as
-    `recap.catchup` take no batches)."""
-    adapter.before_prefill()
-    out = adapter.model(input_ids=torch.tensor([context + tail], device=device), use_cache=False)
-    return out.logits[0, len(context):].double()
+def _causal(adapter: ModelAdapter, context: list[int], tails: list[list[int]], device) -> list[torch.Tensor]:
+    """Logits after each token of every tail (all of one length) following `context`: the
+    model's own forward (its causal mask and positions, no cache), all tails as one batch;
+    one row at a time where the model takes no batch (`recap.catchup` routes one sequence)."""
+    def run(rows: list[list[int]]) -> torch.Tensor:
+        adapter.before_prefill()
+        out = adapter.model(input_ids=torch.tensor([context + t for t in rows], device=device), use_cache=False)
+        return out.logits[:, len(context):].double()
+
+    try:
+        return list(run(tails))
+    except Exception:  # noqa: BLE001 - a wrapper that refuses batches: the same forward, row by row
+        return [run([t])[0] for t in tails]
 
 
 def _tree_pass(tp: TreePass, tokens: list[int], shift: int = 0) -> torch.Tensor:
@@ -95,8 +101,8 @@ def probe(adapter: ModelAdapter) -> None:
     name = type(model).__name__
     path_a = [tree[i] for i in (0, 1, 2, 3)]
     path_d = [tree[i] for i in (0, 4, 5)] + [f]
-    along_d = _causal(adapter, context, path_d, device)  # r, d, e, f
-    want = torch.cat([_causal(adapter, context, path_a, device), along_d[1:3]])  # preorder
+    along_a, along_d = _causal(adapter, context, [path_a, path_d], device)  # r, a, b, c and r, d, e, f
+    want = torch.cat([along_a, along_d[1:3]])  # preorder
     want_f = along_d[3:]
     adapter.before_prefill()
     tp = TreePass(adapter, max_nodes=len(tree), capacity=n_ctx + 2 * len(tree))
