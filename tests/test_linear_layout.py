@@ -83,7 +83,7 @@ def test_choose_measures_once_per_key_and_validates():
     assert calls == []  # explicit layouts are not measured
     first = choose(model, probe, ("test", 2), "auto")
     n = len(calls)
-    assert n in (3, 5)  # a warm-up and one or two interleaved timings each way
+    assert n in (4, 6)  # a warm-up, the copy's untimed first pass, one or two interleaved timings each way
     again = choose(model, probe, ("test", 2), "auto")
     assert len(calls) == n and (first is None) == (again is None)
     with pytest.raises(ValueError, match="linear_layout: expected one of auto, default, transposed; got 'fast'"):
@@ -108,6 +108,25 @@ def test_one_pair_of_probe_passes_decides_only_a_wide_gain(monkeypatch, transpos
     chosen = choose(model, lambda: None, ("pairs", transposed_s), "auto")
     assert timed == [False, True] * pairs
     assert (chosen is not None) == kept
+
+
+def test_a_warm_model_skips_the_warm_up_and_the_copy_is_warmed_untimed(monkeypatch):
+    import recap.linear_layout as layouts
+
+    model = text_model("Llama")
+    layout = layouts.layout_of(model)
+    events = []
+
+    def fake_time(probe):
+        probe()
+        events.append(("timed", layout.active))
+        return 0.5 if layout.active else 1.0  # a decisive gain: one pair
+
+    monkeypatch.setattr(layouts, "_time", fake_time)
+    chosen = choose(model, lambda: None, ("warm", 1), "auto", warm=True,
+                    warm_copy=lambda: events.append(("warm copy", layout.active)))
+    assert events == [("timed", False), ("warm copy", True), ("timed", True)]
+    assert chosen is layout
 
 
 @pytest.mark.parametrize("budget", [6, "auto"])

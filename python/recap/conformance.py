@@ -1,9 +1,10 @@
 """The conformance probe: on first use of a model, one small draft tree is verified in a
 single pass (`recap.tree_pass.TreePass`, the pass decoding runs) and compared with the
 model's own causal forward over each of the tree's paths (one plain forward over both, the
-model's own mask and positions; one per path where the model takes no batch), and the cache is compacted to a side branch and decoded one more
-token. A model that ignores the tree mask, the explicit positions or the compaction is
-refused with the reason, instead of decoding wrong text.
+model's own mask and positions; one per path where the model takes no batch), and the
+cache is compacted to a side branch and decoded one more token. A model that ignores the
+tree mask, the explicit positions or the compaction is refused with the reason, instead of
+decoding wrong text.
 
 A pass is kept with the model and across processes (`recap.measurements`, keyed by the
 model's fingerprint and class, dtype, device, attention implementation and the torch,
@@ -80,19 +81,20 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
 
 
 @torch.no_grad()
-def probe(adapter: ModelAdapter) -> None:
-    """Raises `UnsupportedModelError` naming what failed; passes once per model and dtype."""
+def probe(adapter: ModelAdapter) -> bool:
+    """Raises `UnsupportedModelError` naming what failed; passes once per model and dtype.
+    Returns whether it ran the model (False when a pass was already known)."""
     model = adapter.model
     key = (adapter.dtype, str(adapter.lm_head.weight.device))
     state = state_of(model)
     if state.conformance == key:
-        return
+        return False
     cls = type(model)  # the fingerprint names the architecture, not a subclass's own forward
     stored_as = measurements.key(model, "conformance", (f"{cls.__module__}.{cls.__qualname__}", __version__,
                                                          getattr(model.config, "_attn_implementation", None)))
     if measurements.load(stored_as) is True:  # passed in an earlier process
         state.conformance = key
-        return
+        return False
     device = adapter.lm_head.weight.device
     window = adapter.sliding_window
     n_ctx = window + 2 if window is not None and window <= 48 else 8
@@ -141,3 +143,4 @@ def probe(adapter: ModelAdapter) -> None:
             "decoding (the cache is not croppable per token)")
     state.conformance = key
     measurements.store(stored_as, True)
+    return True
