@@ -49,10 +49,15 @@ const OPTIMISM: f32 = 1.0;
 /// margin covers the curve's own error), the request drafts nothing
 /// for the next pause (BACKOFF_FIRST steps, doubling on each pause that follows another, up
 /// to BACKOFF_MAX), then drafts again: a stretch of open text stops costing within a few
-/// steps, and a stretch of copying that follows is found at the next try.
+/// steps, and a stretch of copying that follows is found at the next try. A try after a
+/// pause is judged after BACKOFF_RETRY drafted steps, from a neutral average: each failed
+/// try costs that many dear passes (on a CPU a 10-17-node tree costs about two one-token
+/// steps and, on open text, accepts about one node), so open text that never pays loses
+/// half as much to tries as with the first judgement's four steps.
 const REALIZED_EMA: f32 = 0.25;
 const BACKOFF_BELOW: f32 = 1.05;
 const BACKOFF_AFTER: u32 = 4;
+const BACKOFF_RETRY: u32 = 2;
 const BACKOFF_FIRST: u32 = 8;
 const BACKOFF_MAX: u32 = 64;
 /// A pause holds back marginal drafting only: a step whose best choice is expected (by the
@@ -408,8 +413,8 @@ impl AutoBudget {
             b.pause_left = b.next_pause;
             b.next_pause = (2 * b.next_pause).min(BACKOFF_MAX);
             b.pauses += 1;
-            b.realized = 1.0;
-            b.judged = 0;
+            b.realized = BACKOFF_BELOW;
+            b.judged = BACKOFF_AFTER - BACKOFF_RETRY;
         } else {
             b.next_pause = BACKOFF_FIRST; // drafting pays again: the next pause starts short
         }
@@ -709,6 +714,35 @@ mod tests {
         let back = kept.iter().position(|&k| k >= 6);
         assert!(back.is_some(), "never drafted again: {kept:?}");
         assert!(kept[kept.len() - 10..].iter().all(|&k| k >= 6), "{kept:?}");
+    }
+
+    #[test]
+    fn a_try_after_a_pause_is_judged_in_fewer_steps_than_the_first() {
+        let cost: Vec<f32> = (1..=64).map(|n| 1.0 + 0.05 * (n - 1) as f32).collect();
+        let t = chain(8);
+        let mut b = AutoBudget::new(cost).unwrap();
+        let mut keep = Vec::new();
+        let mut drafted = Vec::new(); // per step: did it draft (and was it judged)?
+        for _ in 0..80 {
+            b.select(&t, &mut keep);
+            let mut cut = t.clone();
+            cut.retain(&keep);
+            drafted.push(b.last().kept > 0 && !b.backoff.explored);
+            b.learn(&cut, &[0]); // nothing accepted
+        }
+        // Runs of judged drafting steps: the first judgement takes BACKOFF_AFTER, each try
+        // after a pause BACKOFF_RETRY.
+        let runs: Vec<usize> = drafted
+            .split(|&d| !d)
+            .map(|r| r.len())
+            .filter(|&n| n > 0)
+            .collect();
+        assert_eq!(runs[0], BACKOFF_AFTER as usize, "{drafted:?}");
+        assert!(runs.len() >= 3, "{drafted:?}");
+        assert!(
+            runs[1..].iter().all(|&n| n == BACKOFF_RETRY as usize),
+            "{runs:?}"
+        );
     }
 
     #[test]
