@@ -157,6 +157,8 @@ pub struct AutoBudget {
     order: Vec<u32>,
     children_start: Vec<u32>,
     children: Vec<u32>,
+    /// One node's children while they are priced: (optimistic, mean, node).
+    siblings: Vec<(f32, f32, u32)>,
     last: Selection,
     explored: usize,
     credit: f32,
@@ -180,6 +182,7 @@ impl AutoBudget {
             order: Vec::new(),
             children_start: Vec::new(),
             children: Vec::new(),
+            siblings: Vec::new(),
             last: Selection::default(),
             explored: 0,
             credit: 0.0,
@@ -304,28 +307,43 @@ impl AutoBudget {
         self.heap.clear();
         self.gains.clear();
         self.gains.push(0.0);
+        // Siblings are exclusive (at most one child of a node is accepted), so their
+        // probabilities share the parent's: taken in order of their own, each is capped by
+        // what the ones before it left. A chain that holds keeps its price and the tree's
+        // other guesses at its depth are priced by what it leaves, instead of each by its
+        // bucket's average as if the chain were not there.
         let push_children = |b: &mut Self, v: usize| {
             let (s, e) = (
                 b.children_start[v] as usize,
                 b.children_start[v + 1] as usize,
             );
+            b.siblings.clear();
             for j in s..e {
                 let c = b.children[j] as usize;
                 let bucket = Self::bucket(tree, c);
-                let (p, mean) = if Self::is_chain(bucket) {
+                let priced = if Self::is_chain(bucket) {
                     (
                         b.prob[v] * b.optimistic(bucket),
                         b.mean[v] * b.probability(bucket),
                     )
                 } else {
-                    (
-                        b.optimistic(bucket).min(b.prob[v]),
-                        b.probability(bucket).min(b.mean[v]),
-                    )
+                    (b.optimistic(bucket), b.probability(bucket))
                 };
-                b.prob[c] = p;
-                b.mean[c] = mean;
-                b.heap.push(Frontier { p, node: c as u32 });
+                b.siblings.push((priced.0, priced.1, c as u32));
+            }
+            b.siblings
+                .sort_unstable_by(|x, y| y.0.total_cmp(&x.0).then(x.2.cmp(&y.2)));
+            let (mut left_p, mut left_mean) = (b.prob[v], b.mean[v]);
+            for &(p, mean, c) in &b.siblings {
+                // The optimistic price is capped by the parent's less its earlier siblings'
+                // means (their estimates, not their optimism), so an upper bound on one
+                // guess does not starve the next of the trial it needs.
+                let (p, mean) = (p.min(left_p), mean.min(left_mean));
+                left_p = (left_p - mean).max(0.0);
+                left_mean -= mean;
+                b.prob[c as usize] = p;
+                b.mean[c as usize] = mean;
+                b.heap.push(Frontier { p, node: c });
             }
         };
         push_children(self, 0);
@@ -674,8 +692,10 @@ mod tests {
             b.select(&t, &mut keep);
             let mut cut = t.clone();
             cut.retain(&keep);
+            // The accepted path: the chain wherever it was kept (its sibling, token 99, is
+            // the other guess at depth 1 and cannot be accepted with it).
             let on: Vec<usize> = if accept {
-                (0..cut.len()).collect()
+                (0..cut.len()).filter(|&i| cut.tokens[i] != 99).collect()
             } else {
                 vec![0]
             };
@@ -714,6 +734,59 @@ mod tests {
         let back = kept.iter().position(|&k| k >= 6);
         assert!(back.is_some(), "never drafted again: {kept:?}");
         assert!(kept[kept.len() - 10..].iter().all(|&k| k >= 6), "{kept:?}");
+    }
+
+    #[test]
+    fn siblings_share_their_parents_probability_and_a_holding_chain_keeps_its_own() {
+        let mut b = AutoBudget::new(vec![1.0; 64]).unwrap();
+        let copy = copy_chain(12);
+        for _ in 0..30 {
+            b.learn(&copy, &(0..=12).collect::<Vec<_>>()); // the chain held every time
+        }
+        b.rank(&copy);
+        let alone: Vec<f32> = b.mean.clone();
+        // The same chain with four search guesses beside its first token, each of a path
+        // score whose bucket alone would promise about as much as the chain.
+        let mut t = DraftTree::default();
+        t.reset(1, [NO_TOKEN, NO_TOKEN]);
+        let mut v = 0;
+        for d in 1..=12 {
+            v = t.push(v, 10 + d, 40.0, NodeSource::Suffix);
+        }
+        for g in 0..4 {
+            let w = t.push(0, 100 + g, 0.9, NodeSource::Search);
+            t.push(w, 200 + g, 0.85, NodeSource::Search);
+        }
+        t.into_preorder();
+        b.rank(&t);
+        let chain: Vec<usize> = (1..t.len())
+            .filter(|&i| t.sources[i] == NodeSource::Suffix)
+            .collect();
+        for (k, &i) in chain.iter().enumerate() {
+            assert!(
+                (b.mean[i] - alone[k + 1]).abs() < 1e-6,
+                "chain node {k}: {} vs {}",
+                b.mean[i],
+                alone[k + 1]
+            );
+        }
+        // Every node's children together are priced at most at the node itself.
+        for p in 0..t.len() {
+            let kids: f32 = (1..t.len())
+                .filter(|&c| t.parents[c] == p as i32)
+                .map(|c| b.mean[c])
+                .sum();
+            assert!(
+                kids <= b.mean[p] + 1e-6,
+                "node {p}: children {kids} > {}",
+                b.mean[p]
+            );
+        }
+        let guesses: f32 = (1..t.len())
+            .filter(|&i| t.depths[i] == 1 && t.sources[i] == NodeSource::Search)
+            .map(|i| b.mean[i])
+            .sum();
+        assert!(guesses <= 1.0 - alone[1] + 1e-6, "{guesses}");
     }
 
     #[test]
