@@ -547,6 +547,28 @@ mod tests {
         t
     }
 
+    /// One step as a session runs it on `chain`'s tree: select, verify the cut tree, learn.
+    /// `accept`: the chain wherever it was kept is accepted (its sibling, token 99, is the
+    /// other guess at depth 1 and cannot be accepted with it); else only the root. Returns
+    /// the nodes kept.
+    fn verified_step(
+        b: &mut AutoBudget,
+        t: &DraftTree,
+        keep: &mut Vec<bool>,
+        accept: bool,
+    ) -> usize {
+        b.select(t, keep);
+        let mut cut = t.clone();
+        cut.retain(keep);
+        let on: Vec<usize> = if accept {
+            (0..cut.len()).filter(|&i| cut.tokens[i] != 99).collect()
+        } else {
+            vec![0]
+        };
+        b.learn(&cut, &on);
+        b.last().kept
+    }
+
     #[test]
     fn flat_costs_keep_every_likely_node_and_steep_costs_keep_few() {
         let t = chain(8);
@@ -687,21 +709,7 @@ mod tests {
         let mut keep = Vec::new();
         b.select(&t, &mut keep);
         assert!(b.last().kept > 0); // the path scores (0.9^d) promise acceptance
-                                    // Each step verifies the cut tree and learns from it, as a session does.
-        let mut step = |b: &mut AutoBudget, accept: bool| {
-            b.select(&t, &mut keep);
-            let mut cut = t.clone();
-            cut.retain(&keep);
-            // The accepted path: the chain wherever it was kept (its sibling, token 99, is
-            // the other guess at depth 1 and cannot be accepted with it).
-            let on: Vec<usize> = if accept {
-                (0..cut.len()).filter(|&i| cut.tokens[i] != 99).collect()
-            } else {
-                vec![0]
-            };
-            b.learn(&cut, &on);
-            b.last().kept
-        };
+        let mut step = |b: &mut AutoBudget, accept: bool| verified_step(b, &t, &mut keep, accept);
         let kept: Vec<usize> = (0..40).map(|_| step(&mut b, false)).collect(); // nothing accepted
         let first_zero = kept.iter().position(|&k| k == 0).unwrap();
         assert!(
@@ -797,11 +805,8 @@ mod tests {
         let mut keep = Vec::new();
         let mut drafted = Vec::new(); // per step: did it draft (and was it judged)?
         for _ in 0..80 {
-            b.select(&t, &mut keep);
-            let mut cut = t.clone();
-            cut.retain(&keep);
-            drafted.push(b.last().kept > 0 && !b.backoff.explored);
-            b.learn(&cut, &[0]); // nothing accepted
+            let kept = verified_step(&mut b, &t, &mut keep, false); // nothing accepted
+            drafted.push(kept > 0 && !b.backoff.explored);
         }
         // Runs of judged drafting steps: the first judgement takes BACKOFF_AFTER, each try
         // after a pause BACKOFF_RETRY.
