@@ -1,0 +1,49 @@
+"""benches/modeled_budget.py: the budget's choices charged a fixed cost curve are the same in
+every run (what makes it a fair yardstick for controller changes on a noisy machine)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from recap import Decoder, seeding
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("modeled_budget", ROOT / "benches" / "modeled_budget.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_two_tiny_runs_make_the_same_choices_and_report_them(tmp_path):
+    bench = load_bench()
+    decode, observe, share = Decoder._decode, seeding.observe, seeding.head_share
+    assert bench.main(["--tiny", "--quiet", "--out", str(tmp_path / "a")]) == 0
+    assert bench.main(["--tiny", "--quiet", "--out", str(tmp_path / "b")]) == 0
+    a = json.loads((tmp_path / "a" / "modeled_budget.json").read_text())
+    b = json.loads((tmp_path / "b" / "modeled_budget.json").read_text())
+    assert [r["tree_sizes"] for r in a["rows"]] == [r["tree_sizes"] for r in b["rows"]]
+    assert [r["speedup"] for r in a["rows"]] == [r["speedup"] for r in b["rows"]]
+    points, ms = bench.parse_curve(a["curve"])
+    drafted = 0
+    for r in a["rows"]:
+        assert r["steps"] == len(r["tree_sizes"])
+        spent = sum(np.interp(n, points, ms) for n in r["tree_sizes"])
+        new_tokens = round(r["tau"] * r["steps"]) + 1
+        assert r["speedup"] == pytest.approx((new_tokens - 1) * ms[0] / spent)
+        drafted += sum(n > 1 for n in r["tree_sizes"])
+    assert drafted > 0  # the repeating prompts get drafts, so the choices are the budget's
+    assert a["summary"]["all"]["prompts"] == len(a["rows"]) == 4
+    assert (tmp_path / "a" / "modeled_budget.md").read_text().startswith("modeled curve")
+    # The clock and the seeding share are the decoder's own again afterwards.
+    assert (Decoder._decode, seeding.observe, seeding.head_share) == (decode, observe, share)
+
+
+@pytest.mark.parametrize("curve", ["1:10,x:3", "2:10,4:20", "1:10,4:0", "1:10,1:12"])
+def test_a_malformed_curve_is_refused_with_what_was_expected(curve):
+    with pytest.raises(ValueError, match="--curve: expected"):
+        load_bench().parse_curve(curve)
