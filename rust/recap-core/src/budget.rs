@@ -40,8 +40,12 @@ const PRIOR_WEIGHT: f32 = 2.0;
 /// (an upper confidence bound). Thinly observed buckets, whose prior is pessimistic, are
 /// then verified, observed and corrected instead of never being tried; well-observed buckets
 /// keep their estimate. Where that optimism does not pay in a request, the backoff below
-/// stops drafting.
-const OPTIMISM: f32 = 1.0;
+/// stops drafting. Half a standard error: a whole one bought marginal trees on open text
+/// (a bucket seen 30 times at 0.2 priced at 0.27). In modeled time (benches/modeled_budget.py,
+/// 70 prompts) 0.5 committed 1.9% and 0.4% more per pass time than 1.0 in two pairs of
+/// runs, copying unchanged; 0, 0.25 and 0.75 were within 0.5% of it, and 0 cost long copies
+/// 5% (docs/results/modeled-budget.md).
+const OPTIMISM: f32 = 0.5;
 /// The backoff, per request: the realized gain of the steps that drafted (accepted + 1
 /// tokens for a pass costing c(n) / c(1) one-token steps, by the controller's own curve) is
 /// kept as an average with weight REALIZED_EMA; once BACKOFF_AFTER drafted steps have been
