@@ -68,8 +68,9 @@ class _ModeledSession:
 
 @contextmanager
 def modeled(decoder, points: list[int], ms: list[float]):
-    """Inside: `decoder` prices with the fixed curve and is charged it for every pass, and
-    prefills seed by a fixed share (nothing is stored)."""
+    """Inside: `decoder` prices with the fixed curve, every decoder of the process is charged
+    it for every pass (the hook is the class's), prefills seed by a fixed share, and the
+    measurement store is off (a modeled curve must never be kept as a measured one)."""
     from recap import decoder as decoder_module
     from recap import seeding
 
@@ -83,14 +84,20 @@ def modeled(decoder, points: list[int], ms: list[float]):
     def _decode(self, req, session, *rest):
         return original(self, req, _ModeledSession(session, cost), *rest)
 
-    decoder.calibrate()  # first use, then the fixed curve replaces what it measured
+    decoder.calibrate()  # first use (the caller's store), then the fixed curve replaces it
     decoder._drafter.set_cost_points(points, [m / 1e3 for m in ms])
     cls._decode, seeding.observe = _decode, (lambda *a, **k: None)
     seeding.head_share = lambda adapter: HEAD_SHARE
+    store = os.environ.get("RECAP_CACHE")
+    os.environ["RECAP_CACHE"] = "0"
     try:
         yield cost
     finally:
         cls._decode, seeding.observe, seeding.head_share = saved
+        if store is None:
+            os.environ.pop("RECAP_CACHE", None)
+        else:
+            os.environ["RECAP_CACHE"] = store
 
 
 def run(model, prompts: list[tuple[str, str, torch.Tensor]], points: list[int], ms: list[float],
@@ -183,8 +190,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     points, ms = parse_curve(args.curve)
+    store, threads = os.environ.get("RECAP_CACHE"), torch.get_num_threads()
     os.environ["RECAP_CACHE"] = "0"  # a modeled run neither reads nor writes the measurement store
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    torch.set_num_threads(min(2, threads))  # the default curve's thread count
+    try:
+        return _main(args, points, ms)
+    finally:
+        torch.set_num_threads(threads)
+        if store is None:
+            os.environ.pop("RECAP_CACHE", None)
+        else:
+            os.environ["RECAP_CACHE"] = store
+
+
+def _main(args: argparse.Namespace, points: list[int], ms: list[float]) -> int:
     if args.tiny:
         model, prompts = tiny_prompts()
         eos = None

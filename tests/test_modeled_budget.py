@@ -3,10 +3,12 @@ every run (what makes it a fair yardstick for controller changes on a noisy mach
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from recap import Decoder, seeding
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +24,7 @@ def load_bench():
 def test_two_tiny_runs_make_the_same_choices_and_report_them(tmp_path):
     bench = load_bench()
     decode, observe, share = Decoder._decode, seeding.observe, seeding.head_share
+    store, threads = os.environ.get("RECAP_CACHE"), torch.get_num_threads()
     assert bench.main(["--tiny", "--quiet", "--out", str(tmp_path / "a")]) == 0
     assert bench.main(["--tiny", "--quiet", "--out", str(tmp_path / "b")]) == 0
     a = json.loads((tmp_path / "a" / "modeled_budget.json").read_text())
@@ -39,8 +42,9 @@ def test_two_tiny_runs_make_the_same_choices_and_report_them(tmp_path):
     assert drafted > 0  # the repeating prompts get drafts, so the choices are the budget's
     assert a["summary"]["all"]["prompts"] == len(a["rows"]) == 4
     assert (tmp_path / "a" / "modeled_budget.md").read_text().startswith("modeled curve")
-    # The clock and the seeding share are the decoder's own again afterwards.
+    # The clock, the seeding share, the store and the thread count are as they were.
     assert (Decoder._decode, seeding.observe, seeding.head_share) == (decode, observe, share)
+    assert (os.environ.get("RECAP_CACHE"), torch.get_num_threads()) == (store, threads)
 
 
 @pytest.mark.parametrize("curve", ["1:10,x:3", "2:10,4:20", "1:10,4:0", "1:10,1:12"])
