@@ -2,9 +2,10 @@
 without the machine's timing noise.
 
 Every verification pass is charged a fixed cost curve instead of the clock (the controller's
-online corrections then stay at 1, host time is a constant), and the seeding share is fixed,
-so two runs of one build make the same choices and print the same figures: what differs
-between two builds is what their controllers chose. Each prompt is decoded once, greedy, by
+online corrections then stay at 1, host time is a constant), and the seeding share stays
+where first use put it (prefills do not correct it, the measurement store is off), so two
+runs of one build make the same choices and print the same figures: what differs between two
+builds is what their controllers chose. Each prompt is decoded once, greedy, by
 one decoder whose calibration carries over from prompt to prompt (as in a server). A
 request's modeled speedup is (new tokens - 1) x c(1) over the sum of c(tree size) over its
 steps: the passes plain decoding would take over the passes the chosen trees take (prefill
@@ -34,7 +35,6 @@ import torch
 
 DEFAULT_CURVE = "1:38.4,4:61.3,12:81,30:96.4,50:123,64:140"
 HOST_S = 0.00025  # the host time every step reports
-HEAD_SHARE = 0.40  # the seeding share every prefill uses (SmolLM2's measured one)
 BELOW = 0.97  # a request this much slower than plain decoding counts as slower
 
 
@@ -69,8 +69,9 @@ class _ModeledSession:
 @contextmanager
 def modeled(decoder, points: list[int], ms: list[float]):
     """Inside: `decoder` prices with the fixed curve, every decoder of the process is charged
-    it for every pass (the hook is the class's), prefills seed by a fixed share, and the
-    measurement store is off (a modeled curve must never be kept as a measured one)."""
+    it for every pass (the hook is the class's), prefills do not correct the seeding share,
+    and the measurement store is off, first use included (a modeled curve must never be kept
+    as a measured one, and a stored share or curve would make runs differ)."""
     from recap import decoder as decoder_module
     from recap import seeding
 
@@ -78,22 +79,19 @@ def modeled(decoder, points: list[int], ms: list[float]):
         return float(np.interp(n, points, ms))
 
     cls = decoder_module.Decoder
-    saved = cls._decode, seeding.observe, seeding.head_share
-    original = cls._decode
+    original, observe, store = cls._decode, seeding.observe, os.environ.get("RECAP_CACHE")
 
     def _decode(self, req, session, *rest):
         return original(self, req, _ModeledSession(session, cost), *rest)
 
-    decoder.calibrate()  # first use (the caller's store), then the fixed curve replaces it
-    decoder._drafter.set_cost_points(points, [m / 1e3 for m in ms])
-    cls._decode, seeding.observe = _decode, (lambda *a, **k: None)
-    seeding.head_share = lambda adapter: HEAD_SHARE
-    store = os.environ.get("RECAP_CACHE")
     os.environ["RECAP_CACHE"] = "0"
     try:
+        decoder.calibrate()  # first use, then the fixed curve replaces what it measured
+        decoder._drafter.set_cost_points(points, [m / 1e3 for m in ms])
+        cls._decode, seeding.observe = _decode, (lambda *a, **k: None)
         yield cost
     finally:
-        cls._decode, seeding.observe, seeding.head_share = saved
+        cls._decode, seeding.observe = original, observe
         if store is None:
             os.environ.pop("RECAP_CACHE", None)
         else:
@@ -190,17 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     points, ms = parse_curve(args.curve)
-    store, threads = os.environ.get("RECAP_CACHE"), torch.get_num_threads()
-    os.environ["RECAP_CACHE"] = "0"  # a modeled run neither reads nor writes the measurement store
+    threads = torch.get_num_threads()
     torch.set_num_threads(min(2, threads))  # the default curve's thread count
     try:
         return _main(args, points, ms)
     finally:
         torch.set_num_threads(threads)
-        if store is None:
-            os.environ.pop("RECAP_CACHE", None)
-        else:
-            os.environ["RECAP_CACHE"] = store
 
 
 def _main(args: argparse.Namespace, points: list[int], ms: list[float]) -> int:

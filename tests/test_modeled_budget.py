@@ -42,7 +42,7 @@ def test_two_tiny_runs_make_the_same_choices_and_report_them(tmp_path):
     assert drafted > 0  # the repeating prompts get drafts, so the choices are the budget's
     assert a["summary"]["all"]["prompts"] == len(a["rows"]) == 4
     assert (tmp_path / "a" / "modeled_budget.md").read_text().startswith("modeled curve")
-    # The clock, the seeding share, the store and the thread count are as they were.
+    # The clock, the seeding share's correction, the store and the thread count are as they were.
     assert (Decoder._decode, seeding.observe, seeding.head_share) == (decode, observe, share)
     assert (os.environ.get("RECAP_CACHE"), torch.get_num_threads()) == (store, threads)
 
