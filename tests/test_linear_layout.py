@@ -1,5 +1,7 @@
 """recap.linear_layout: linear layers against a transposed weight copy, chosen by measurement."""
 
+import copy
+
 import numpy as np
 import pytest
 import recap
@@ -253,3 +255,50 @@ def test_autograd_and_other_threads_run_the_modules_own_forward():
             t.start()
             t.join()
             torch.testing.assert_close(other["y"], torch.nn.functional.linear(x, head.weight, head.bias))
+
+
+def test_auto_defers_the_choice_past_a_models_first_request(monkeypatch):
+    """A first request runs in the model's own layout (no weight copy, no layout timing); the
+    model's next request, finding none running, makes the choice; outputs equal generate's."""
+    import recap.linear_layout as layouts
+    from recap.linear_layout import layout_of
+    from recap.model_state import state_of
+
+    model, inputs = llava_inputs([5, 9], [21, 7, 33, 5, 9, 21, 7, 33])
+    model = copy.deepcopy(model)  # nothing decided on it (the cached model has served other tests)
+    want = model.generate(**inputs, do_sample=False, max_new_tokens=12, pad_token_id=0)
+    timed = []
+    real = layouts._measure
+    monkeypatch.setattr(layouts, "_measure", lambda *a: timed.append(1) or real(*a))
+    dec = recap.Decoder(model, RecapConfig(budget="auto"), linear_layout="auto")
+    assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
+    assert timed == [] and layout_of(model).bytes == 0 and dec._layout is None
+    state = state_of(model)
+    assert (state.served, state.running) == (1, 0)
+    state.running += 1  # another request in flight: its passes would disturb the timings
+    assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
+    assert timed == [] and state.served == 2
+    state.running -= 1
+    assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
+    assert timed == [1] and len(state.layout_choice) == 1  # chosen once, for the model
+    chosen = next(iter(state.layout_choice.values()))
+    assert dec.linear_layout_used == ("transposed" if chosen else "default")
+    assert (layout_of(model).bytes > 0) == chosen and not dec._layout_pending  # a rejected copy is released
+    other = recap.Decoder(model, RecapConfig(budget=4), linear_layout="auto")
+    assert other.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
+    assert timed == [1] and not other._layout_pending  # the model's decision: nothing left to defer
+
+
+def test_reading_the_layout_makes_the_deferred_choice_at_once(monkeypatch):
+    import recap.linear_layout as layouts
+
+    model, inputs = llava_inputs([5, 9], [21, 7, 33, 5, 9, 21, 7, 33])
+    model = copy.deepcopy(model)
+    monkeypatch.setattr(layouts, "_measure", lambda *a: True)  # transposed measured faster
+    dec = recap.Decoder(model, RecapConfig(budget="auto"), linear_layout="auto")
+    dec.generate(**inputs, max_new_tokens=4)
+    assert dec._layout is None
+    assert dec.linear_layout_used == "transposed"  # decided now, not at the next request
+    assert dec.cost is dec._cost and dec._cost.points  # the curve in the layout chosen
+    want = model.generate(**inputs, do_sample=False, max_new_tokens=12, pad_token_id=0)
+    assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()

@@ -49,3 +49,24 @@ def test_an_unwritable_folder_is_skipped(tmp_path, monkeypatch):
     monkeypatch.setenv("RECAP_CACHE_DIR", str(blocked / "sub"))
     measurements.store("y.json", {"a": 1})  # no error
     assert measurements.load("y.json") is None
+
+
+def test_a_later_process_runs_its_first_request_in_the_stored_layout(tmp_path, monkeypatch):
+    import recap.linear_layout as layouts
+
+    monkeypatch.setenv("RECAP_CACHE", "1")
+    monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
+    timed = []
+    monkeypatch.setattr(layouts, "_measure", lambda *a: timed.append(1) or True)  # transposed measured faster
+    model = copy.deepcopy(text_family("Llama"))
+    prompt = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    want = model.generate(prompt, max_new_tokens=12, do_sample=False)
+    dec = recap.Decoder(model)
+    assert torch.equal(dec.generate(prompt, max_new_tokens=12), want)
+    assert timed == [] and dec._layout is None  # deferred: nothing stored to go by
+    assert torch.equal(dec.generate(prompt, max_new_tokens=12), want)
+    assert timed == [1] and any(tmp_path.glob("layout-*.json"))
+    again = copy.deepcopy(model)  # as a new process sees it
+    later = recap.Decoder(again)
+    assert torch.equal(later.generate(prompt, max_new_tokens=12), want)
+    assert timed == [1] and later._layout is not None  # the stored choice, from the first request

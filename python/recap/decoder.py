@@ -65,12 +65,15 @@ class _FirstUsePasses:
                                      max(layouts.PROBE_TOKENS, _COST_POINTS[-1]))
         return self.built
 
-    def layout_probe(self) -> None:
-        """One verification pass of a typical tree size (`recap.linear_layout.PROBE_TOKENS`)."""
+    def layout_probe(self) -> float:
+        """One verification pass of a typical tree size (`recap.linear_layout.PROBE_TOKENS`):
+        its seconds, without the context the first call builds."""
         passes = self._passes()
         if self.tokens is None:
             self.tokens = passes.draw(layouts.PROBE_TOKENS)
-        self.seen[layouts.layout_of(self.decoder.model).active].append(passes.run(self.tokens))
+        took = passes.run(self.tokens)
+        self.seen[layouts.layout_of(self.decoder.model).active].append(took)
+        return took
 
     def warm_copy(self) -> None:
         """The transposed copy's first pass, untimed: the cheapest pass that reads every
@@ -103,7 +106,10 @@ class Decoder:
     ``linear_layout`` (``"auto"``, ``"default"``, ``"transposed"``): on a CPU, ``"auto"``
     times one verification pass with the model's linear layers as they are and against a
     transposed copy of their weights (see `recap.linear_layout`), and keeps the faster;
-    `linear_layout_used` says which. Other devices keep the model's own.
+    `linear_layout_used` says which. Other devices keep the model's own. Where nothing is
+    decided for the model yet (in this process or the measurement store), the first request
+    runs in the model's own layout and the choice is made before the model's next one (or
+    when `linear_layout_used`, `cost`, `verifying()` or `calibrate()` is first used).
     """
 
     def __init__(self, model: torch.nn.Module, config: RecapConfig | None = None,
@@ -143,26 +149,69 @@ class Decoder:
         self._seeds = spec.uses_memory
         self._head_share: float | None = None  # what the first prefill seeds by (recap.seeding)
         self._layout: layouts.LinearLayout | None = None
+        self._layout_pending = False  # linear_layout="auto" not chosen yet (see _prepare)
         self._prepared = False
 
-    def _prepare(self) -> None:
+    def _prepare(self, settle: bool = False) -> None:
         """First use (generate, calibrate, or reading `cost` / `linear_layout_used`): the
         conformance probe, the linear layout choice and, with budget="auto", the cost curve.
-        Each is measured once per model and cached with it."""
+        Each is measured once per model and cached with it. With linear_layout="auto" on a
+        CPU and no choice made yet for the model, a request defers the choice to a later
+        request (`_admitted`): timing both layouts takes a copy of every linear weight and a
+        few passes, seconds on a 0.5B model, which a user who calls once would pay for
+        nothing. `settle`: make the choice now (what reports the layout or the curve)."""
         if self._prepared:
+            if settle and self._layout_pending:
+                self._settle_layout()
             return
         with self._prepare_lock:
             if self._prepared:
                 return
             warm = probe(self.adapter)  # tree passes equal one-token passes on this model, or a clear error
             passes = _FirstUsePasses(self)
-            self._layout = layouts.choose(self.model, passes.layout_probe, model_key(self.model), self._linear_layout,
-                                          warm=warm, warm_copy=passes.warm_copy)
+            key = model_key(self.model)
+            self._layout_pending = not settle and layouts.undecided(self.model, key, self._linear_layout)
+            if not self._layout_pending:
+                self._layout = layouts.choose(self.model, passes.layout_probe, key, self._linear_layout,
+                                              warm=warm, warm_copy=passes.warm_copy)
             if self._auto_budget:
                 self._calibrate(passes=passes.built, known=passes.known(self._layout is not None))
             if self._seeds:
                 self._head_share = seeding.head_share(self.adapter)
             self._prepared = True
+
+    def _settle_layout(self) -> None:
+        """The linear-layout choice a first use deferred, and with budget="auto" the cost curve
+        in the layout chosen (the model's own layout keeps the curve it has)."""
+        with state_of(self.model).layout_lock, self._prepare_lock:
+            if not self._layout_pending:
+                return
+            passes = _FirstUsePasses(self)
+            self._layout = layouts.choose(self.model, passes.layout_probe, model_key(self.model), self._linear_layout,
+                                          warm=True, warm_copy=passes.warm_copy)  # warm: a request ran
+            if self._auto_budget and self._layout is not None:
+                self._calibrate(passes=passes.built, known=passes.known(True))
+                self._batch_cost = None
+            self._layout_pending = False
+
+    @contextlib.contextmanager
+    def _admitted(self):
+        """One request on the model, counted. Where the layout choice is pending, a request
+        that is not the model's first and finds none running makes it first (beside another
+        request's passes the timings would measure the contention); one arriving meanwhile
+        waits for it."""
+        state = state_of(self.model)
+        if self._layout_pending:
+            with state.layout_lock:
+                if state.served and not state.running:
+                    self._settle_layout()
+                state.enter()
+        else:
+            state.enter()
+        try:
+            yield
+        finally:
+            state.leave()
 
     def seed_share(self) -> float | None:
         """The head share prefills seed by (`recap.seeding`; corrected by every prefill that
@@ -178,7 +227,9 @@ class Decoder:
 
     @property
     def linear_layout_used(self) -> str:
-        self._prepare()
+        """"default" or "transposed": the layout this decoder's passes run in (reading it makes
+        a choice that `generate` would defer to a later request)."""
+        self._prepare(settle=True)
         return self._layout_name()
 
     def _layout_name(self) -> str:
@@ -189,13 +240,13 @@ class Decoder:
         """The measured cost curve behind budget="auto" (taken on first use, or replaced by
         what decoding measured when that showed it wrong: `recap.budget.heal`); the drafter
         corrects it online (`last_stats.cost` shows its state)."""
-        self._prepare()
+        self._prepare(settle=True)
         return self._cost
 
     def verifying(self):
         """The context this decoder's passes run in (its linear layout): other generation on
         the same model can share it, e.g. to compare like with like."""
-        self._prepare()
+        self._prepare(settle=True)
         return self._layout_context()
 
     def _layout_context(self):
@@ -205,7 +256,7 @@ class Decoder:
     def calibrate(self, refresh: bool = False) -> CostModel:
         """Measures (or takes from the model's cache) the verification cost curve c(n) of this
         model, device, dtype, thread count and linear layout, and sizes trees with it from now on."""
-        self._prepare()
+        self._prepare(settle=True)
         with self._prepare_lock:
             return self._calibrate(refresh)
 
@@ -265,8 +316,9 @@ class Decoder:
             raise ValueError(f"memory_scope: expected one scope per row ({request.batch}), got {len(scopes)}")
         self._prepare()
         with contextlib.ExitStack() as stack:
+            stack.enter_context(self._admitted())
             sessions = [stack.enter_context(self._session(stack, scope, pool)) for scope in scopes]
-            stack.enter_context(self.verifying())
+            stack.enter_context(self._layout_context())
             if request.padded:
                 return decode_batch(self, request, sessions)
             return self._generate(request, sessions[0])
@@ -321,6 +373,7 @@ class Decoder:
         stats = GenerationStats()
         self._local.stats = self._last_stats = stats
         t_start = time.perf_counter()
+        layout = self._layout_name()  # what this request's passes run in, whatever is chosen meanwhile
         prompt = input_ids[0].tolist()
         adapter = self.adapter
         # Room for the prompt, every new token and one more tree (the cache grows past it if needed).
@@ -353,7 +406,7 @@ class Decoder:
             streamer.end()
         if self._cost is not None:
             stats.cost = session.cost_state()
-            healed = heal(self.model, (self._layout_name(),), stats.cost)  # a kept curve decoding showed wrong
+            healed = heal(self.model, (layout,), stats.cost)  # a kept curve decoding showed wrong
             if healed is not None:
                 self._cost = healed
         stats.new_tokens = len(out)

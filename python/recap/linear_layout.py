@@ -202,23 +202,45 @@ def choose(model: torch.nn.Module, probe, key: tuple, layout: str, *, warm: bool
     candidate = layout_of(model)
     if layout == "transposed":
         return candidate
-    if next(model.parameters()).device.type != "cpu" or not candidate.modules:
+    if not _eligible(model, candidate):
         return None
-    copy = sum(int(m.weight.numel()) * int(m.weight.element_size()) for m in candidate.modules)
-    if copy > MEMORY_SHARE * available_memory():
-        return None  # the copy would crowd out the rest of the machine: not worth a faster pass
     decisions = state_of(model).layout_choice
     if key not in decisions:
-        stored_as = measurements.key(model, "layout")
-        kept = measurements.load(stored_as)  # decided by an earlier process
-        if isinstance(kept, bool):
+        kept = _stored(model, key)
+        if kept is not None:
             decisions[key] = kept
         else:
             decisions[key] = _measure(candidate, probe, warm, warm_copy or probe)
-            measurements.store(stored_as, decisions[key])
+            measurements.store(measurements.key(model, "layout"), decisions[key])
     if decisions[key]:
         return candidate
     candidate.release()
+    return None
+
+
+def undecided(model: torch.nn.Module, key: tuple, layout: str) -> bool:
+    """Whether `choose(model, ..., key, layout)` would time passes: "auto" on a CPU model
+    whose copy fits, with no decision for `key` in this process or the measurement store."""
+    if layout != "auto" or key in state_of(model).layout_choice:
+        return False
+    return _eligible(model, layout_of(model)) and _stored(model, key) is None
+
+
+def _eligible(model: torch.nn.Module, candidate: LinearLayout) -> bool:
+    """A CPU model with linear layers to transpose, whose copy would not crowd out the rest
+    of the machine (then a faster pass is not worth it)."""
+    if next(model.parameters()).device.type != "cpu" or not candidate.modules:
+        return False
+    copy = sum(int(m.weight.numel()) * int(m.weight.element_size()) for m in candidate.modules)
+    return copy <= MEMORY_SHARE * available_memory()
+
+
+def _stored(model: torch.nn.Module, key: tuple) -> bool | None:
+    """The decision an earlier process stored for this model, or None."""
+    kept = measurements.load(measurements.key(model, "layout"))
+    if isinstance(kept, bool):
+        state_of(model).layout_choice[key] = kept
+        return kept
     return None
 
 
@@ -242,6 +264,8 @@ def _measure(candidate: LinearLayout, probe, warm: bool, warm_copy) -> bool:
 
 
 def _time(probe) -> float:
+    """The pass's own time where `probe()` returns it (not what it built before the pass, such
+    as its context), else the whole call's."""
     t = time.perf_counter()
-    probe()
-    return time.perf_counter() - t
+    measured = probe()
+    return measured if isinstance(measured, float) else time.perf_counter() - t

@@ -1,8 +1,8 @@
 """What recap keeps with a user's model, in one holder (held by the model, so it goes when
 the model goes): the decoders `recap.generate` uses, the visual-token router `recap.catchup`
 attached, the linear layout and its timing decisions, the measured cost curves, the
-conformance probe's verdict, and the lock that makes a prefill and the per-request state the
-model keeps on itself (M-RoPE offsets) one step for concurrent requests. Copies of the model
+conformance probe's verdict, its requests' count, and the lock that makes a prefill and the
+per-request state the model keeps on itself (M-RoPE offsets) one step for concurrent requests. Copies of the model
 (deepcopy, pickle) start with an empty holder: nothing measured on one model is trusted for
 another."""
 
@@ -34,6 +34,21 @@ class ModelState:
         self.cost_curves: dict[tuple, CostModel] = {}  # (device, dtype, threads, layout)
         self.conformance: tuple | None = None  # (dtype, device) the probe passed in
         self.head_share: float | None = None  # the head's cost per position over a token's (recap.seeding)
+        # Requests on the model: a linear-layout choice deferred by a first use waits for a
+        # later request that runs alone (recap.decoder), holding layout_lock while it times.
+        self.layout_lock = threading.RLock()
+        self._traffic = threading.Lock()
+        self.served = 0  # requests finished
+        self.running = 0  # requests in flight
+
+    def enter(self) -> None:
+        with self._traffic:
+            self.running += 1
+
+    def leave(self) -> None:
+        with self._traffic:
+            self.running -= 1
+            self.served += 1
 
     def __deepcopy__(self, memo) -> ModelState:
         fresh = ModelState()
