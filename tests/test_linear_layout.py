@@ -104,12 +104,33 @@ def test_one_pair_of_probe_passes_decides_only_a_wide_gain(monkeypatch, transpos
     def fake_time(probe):  # the times, not the clock: a transposed pass takes `transposed_s`
         probe()
         timed.append(layout.active)
-        return transposed_s if layout.active else 1.0
+        return {12: transposed_s if layout.active else 1.0}
 
     monkeypatch.setattr(layouts, "_time", fake_time)
     chosen = choose(model, lambda: None, ("pairs", transposed_s), "auto")
     assert timed == [False, True] * pairs
     assert (chosen is not None) == kept
+
+
+def test_each_probe_size_counts_alike_whatever_its_pass_costs(monkeypatch):
+    """1 token 0.75x, 12 tokens 1.02x: a quarter off the small passes is kept, though the sum
+    of the two (0.975x) would hide it under the big pass's time."""
+    import recap.linear_layout as layouts
+
+    model = text_model("Qwen2")
+    layout = layouts.layout_of(model)
+    monkeypatch.setattr(layouts, "_time", lambda probe: {1: 0.15, 12: 1.02} if layout.active else {1: 0.2, 12: 1.0})
+    assert choose(model, lambda: None, ("sizes", 1), "auto") is layout
+    monkeypatch.setattr(layouts, "_time", lambda probe: {1: 0.19, 12: 1.1} if layout.active else {1: 0.2, 12: 1.0})
+    assert choose(model, lambda: None, ("sizes", 2), "auto") is None  # 0.95x and 1.1x: 1.02x
+
+
+def test_probe_times_come_from_the_probe_where_it_gives_them():
+    """The probe's own figures (its passes, not the context it built first), else the clock."""
+    import recap.linear_layout as layouts
+
+    assert layouts._time(lambda: {1: 0.25, 12: 0.5}) == {1: 0.25, 12: 0.5}
+    assert set(layouts._time(lambda: None)) == {0}
 
 
 def test_a_warm_model_skips_the_warm_up_and_the_copy_is_warmed_untimed(monkeypatch):
@@ -122,7 +143,7 @@ def test_a_warm_model_skips_the_warm_up_and_the_copy_is_warmed_untimed(monkeypat
     def fake_time(probe):
         probe()
         events.append(("timed", layout.active))
-        return 0.5 if layout.active else 1.0  # a decisive gain: one pair
+        return {12: 0.5 if layout.active else 1.0}  # a decisive gain: one pair
 
     monkeypatch.setattr(layouts, "_time", fake_time)
     chosen = choose(model, lambda: None, ("warm", 1), "auto", warm=True,
@@ -273,6 +294,7 @@ def test_auto_defers_the_choice_past_a_models_first_request(monkeypatch):
     dec = recap.Decoder(model, RecapConfig(budget="auto"), linear_layout="auto")
     assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
     assert timed == [] and layout_of(model).bytes == 0 and dec._layout is None
+    assert dec._cost.points == [1, 4]  # small trees only until the layout probe's 12 tokens
     state = state_of(model)
     assert (state.served, state.running) == (1, 0)
     state.running += 1  # another request in flight: its passes would disturb the timings
@@ -281,6 +303,7 @@ def test_auto_defers_the_choice_past_a_models_first_request(monkeypatch):
     state.running -= 1
     assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
     assert timed == [1] and len(state.layout_choice) == 1  # chosen once, for the model
+    assert dec._cost.points == [1, 4, 12]
     chosen = next(iter(state.layout_choice.values()))
     assert dec.linear_layout_used == ("transposed" if chosen else "default")
     assert (layout_of(model).bytes > 0) == chosen and not dec._layout_pending  # a rejected copy is released

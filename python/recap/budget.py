@@ -28,9 +28,9 @@ import torch
 from recap import measurements
 from recap.model_state import state_of
 
-# c(n) is near-linear between them; bigger sizes are added online. 12 is the linear-layout
-# probe's size (recap.linear_layout.PROBE_TOKENS): where the first use ran it, its passes are
-# the curve's point.
+# c(n) is near-linear between them; bigger sizes are added online. 1 and 12 are the
+# linear-layout probe's sizes (recap.linear_layout.PROBE_TOKENS): where it ran, its passes
+# are the curve's points.
 POINTS = (1, 4, 12)
 # Context tokens in the cache while measuring (the online corrections follow real contexts).
 # Its prefill is a first-use cost: 64 tokens took 0.35 s on the 0.5B-shaped model, 16 take 0.23.
@@ -66,7 +66,8 @@ def model_key(model: torch.nn.Module) -> tuple:
 
 def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tuple = (),
                refresh: bool = False, reps: int = 1, passes: ChainPasses | None = None,
-               known: dict[int, float] | None = None) -> CostModel:
+               known: dict[int, float] | None = None, warm: bool = False,
+               upto: int = POINTS[-1]) -> CostModel:
     """The cached cost model of `model` (measured now if missing, or if `refresh`).
 
     `new_pass(capacity)` makes a `recap.tree_pass.TreePass` of the model (the pass decoding
@@ -74,11 +75,13 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
     `variant` names anything else the passes depend on (the linear layout they run in).
     `passes`, when given, is a context already built (the first use's, shared with the
     layout probe) to measure in, if it holds the largest point; `known` holds points
-    measured there already (the layout probe's passes, in the layout chosen)."""
+    measured there already (the layout probe's passes, in the layout chosen). `warm`: the
+    model has just run passes (the conformance probe), so no pass warms up first. `upto`: the
+    largest of POINTS to measure (the controller extends the curve online past it)."""
     per_model = state_of(model).cost_curves  # with the model: it goes when the model goes
     key = model_key(model) + tuple(variant)
     found = per_model.get(key)
-    covers = min(max_tokens, POINTS[-1])
+    covers = min(max_tokens, upto)
     if found is not None and not refresh and found.points[-1] >= covers:
         return found
     stored_as = measurements.key(model, "cost", tuple(variant))
@@ -86,13 +89,13 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
     if isinstance(kept, dict) and kept.get("points") and kept["points"][-1] >= covers:
         per_model[key] = CostModel([int(p) for p in kept["points"]], [float(t) for t in kept["seconds"]])
         return per_model[key]
-    points = sorted({p for p in POINTS if p < max_tokens} | {min(max_tokens, POINTS[-1])})
+    points = sorted({p for p in POINTS if p < covers} | {covers})
     known = dict(known or {})
     missing = [p for p in points if p not in known]
     if missing:
         if passes is None or passes.max_tokens < missing[-1]:
             passes = ChainPasses(model, new_pass, missing[-1])
-        known.update(zip(missing, _measure(passes, missing, reps, warm=passes.runs > 0), strict=True))
+        known.update(zip(missing, _measure(passes, missing, reps, warm=warm or passes.runs > 0), strict=True))
     seconds = _monotone(np.asarray([known[p] for p in points])).tolist()
     per_model[key] = CostModel(points, seconds)
     measurements.store(stored_as, {"points": points, "seconds": seconds})

@@ -36,6 +36,11 @@ from recap.request import UNSET, Request, from_call
 from recap.stats import GenerationStats
 from recap.tree_pass import TreePass
 
+# The cost curve's largest point while the linear layout's choice waits: each pass is one
+# more first-use cost (0.3 s at 12 tokens on the 0.5B-shaped model), and the layout probe
+# measures 12 tokens anyway.
+_PENDING_UPTO = 4
+
 
 class _PassFactory:
     """Makes this decoder's tree passes for calibration and the linear-layout probe (the pass
@@ -50,29 +55,33 @@ class _PassFactory:
 
 
 class _FirstUsePasses:
-    """The first use's verification passes (the linear-layout probe, then the cost curve)
-    share one context of random tokens, built only if one of them measures."""
+    """The linear-layout probe's verification passes and then the cost curve's share one
+    context of random tokens, built only if one of them measures."""
 
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
         self.built: ChainPasses | None = None
-        self.tokens: torch.Tensor | None = None
-        self.seen: dict[bool, list[float]] = {False: [], True: []}  # probe times by layout (transposed?)
+        self.tokens: list[torch.Tensor] = []
+        # Probe times by layout (transposed?) and size.
+        self.seen: dict[bool, dict[int, list[float]]] = {False: {}, True: {}}
 
     def _passes(self) -> ChainPasses:
         if self.built is None:
             self.built = ChainPasses(self.decoder.model, _PassFactory(self.decoder),
-                                     max(layouts.PROBE_TOKENS, _COST_POINTS[-1]))
+                                     max(*layouts.PROBE_TOKENS, _COST_POINTS[-1]))
         return self.built
 
-    def layout_probe(self) -> float:
-        """One verification pass of a typical tree size (`recap.linear_layout.PROBE_TOKENS`):
-        its seconds, without the context the first call builds."""
+    def layout_probe(self) -> dict[int, float]:
+        """One verification pass of each size of `recap.linear_layout.PROBE_TOKENS`: seconds
+        by size, without the context the first call builds."""
         passes = self._passes()
-        if self.tokens is None:
-            self.tokens = passes.draw(layouts.PROBE_TOKENS)
-        took = passes.run(self.tokens)
-        self.seen[layouts.layout_of(self.decoder.model).active].append(took)
+        if not self.tokens:
+            self.tokens = [passes.draw(n) for n in layouts.PROBE_TOKENS]
+        seen = self.seen[layouts.layout_of(self.decoder.model).active]
+        took = {}
+        for tokens in self.tokens:
+            took[tokens.shape[1]] = t = passes.run(tokens)
+            seen.setdefault(tokens.shape[1], []).append(t)
         return took
 
     def warm_copy(self) -> None:
@@ -83,9 +92,8 @@ class _FirstUsePasses:
         passes.run(passes.draw(1))
 
     def known(self, transposed: bool) -> dict[int, float]:
-        """What the probe measured in the layout chosen: a point of the cost curve."""
-        times = self.seen[transposed]
-        return {layouts.PROBE_TOKENS: min(times)} if times else {}
+        """What the probe measured in the layout chosen: points of the cost curve."""
+        return {n: min(times) for n, times in self.seen[transposed].items()}
 
 
 class Decoder:
@@ -174,8 +182,9 @@ class Decoder:
             if not self._layout_pending:
                 self._layout = layouts.choose(self.model, passes.layout_probe, key, self._linear_layout,
                                               warm=warm, warm_copy=passes.warm_copy)
-            if self._auto_budget:
-                self._calibrate(passes=passes.built, known=passes.known(self._layout is not None))
+            if self._auto_budget:  # small trees only while the layout waits (its probe adds 12 tokens)
+                self._calibrate(passes=passes.built, known=passes.known(self._layout is not None), warm=warm,
+                                upto=_PENDING_UPTO if self._layout_pending else _COST_POINTS[-1])
             if self._seeds:
                 self._head_share = seeding.head_share(self.adapter)
             self._prepared = True
@@ -189,8 +198,11 @@ class Decoder:
             passes = _FirstUsePasses(self)
             self._layout = layouts.choose(self.model, passes.layout_probe, model_key(self.model), self._linear_layout,
                                           warm=True, warm_copy=passes.warm_copy)  # warm: a request ran
-            if self._auto_budget and self._layout is not None:
-                self._calibrate(passes=passes.built, known=passes.known(True))
+            if self._auto_budget:  # the whole curve in the layout chosen, the probe's passes its points
+                known = passes.known(self._layout is not None)
+                if self._layout is None and self._cost is not None:
+                    known = dict(zip(self._cost.points, self._cost.seconds, strict=True)) | known
+                self._calibrate(passes=passes.built, known=known)
                 self._batch_cost = None
             self._layout_pending = False
 
@@ -261,11 +273,12 @@ class Decoder:
             return self._calibrate(refresh)
 
     def _calibrate(self, refresh: bool = False, passes: ChainPasses | None = None,
-                   known: dict[int, float] | None = None) -> CostModel:
+                   known: dict[int, float] | None = None, warm: bool = False,
+                   upto: int = _COST_POINTS[-1]) -> CostModel:
         new_pass = _PassFactory(self)
         with self._layout_context():  # not verifying(): this runs inside the first use
-            self._cost = cost_model(self.model, new_pass, self._drafter.max_nodes + 1,
-                                    variant=(self._layout_name(),), refresh=refresh, passes=passes, known=known)
+            self._cost = cost_model(self.model, new_pass, self._drafter.max_nodes + 1, variant=(self._layout_name(),),
+                                    refresh=refresh, passes=passes, known=known, warm=warm, upto=upto)
         self._drafter.set_cost_points(self._cost.points, self._cost.seconds)
         return self._cost
 
