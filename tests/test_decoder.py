@@ -174,7 +174,8 @@ def test_only_drafters_that_learn_from_the_prompt_pay_for_its_rows():
     head = model.get_output_embeddings()
     for drafter, rows in [("ar", 1), ("pld", 1), ("suffix", 1), ("recap", ids.shape[1]), ("tr", ids.shape[1])]:
         dec = recap.Decoder(model, RecapConfig(budget=8), drafter=drafter)
-        dec.generate(ids, max_new_tokens=2)  # first use (probe, layout) out of the way
+        dec.calibrate()  # first use (probe, layout, curve) out of the way
+        dec.generate(ids, max_new_tokens=2)
         seen: list[int] = []
 
         def count(_m, args, _o, seen=seen):

@@ -120,7 +120,8 @@ def prompts(n):
 def test_one_decoder_serves_two_threads_at_once_and_each_output_equals_generate():
     model = text_family("Llama")
     dec = recap.Decoder(model, RecapConfig(budget=12))
-    dec.generate(prompts(1)[0], max_new_tokens=4)  # first use (probe, layout) out of the way
+    dec.generate(prompts(1)[0], max_new_tokens=4)  # first use out of the way
+    assert dec.linear_layout_used  # and the layout choice it may defer: no thread waits for it
     ids = prompts(2)
     meet = MeetInForward(model, 2)
     try:
@@ -141,6 +142,9 @@ def test_threads_calling_model_generate_with_recap_run_concurrently_and_exactly(
     kw = dict(do_sample=False, max_new_tokens=20, eos_token_id=None, pad_token_id=0)
     model.generate(ids[0], custom_generate=recap.generate, recap_config=config, drafter="recap", **kw)
     decoders = dict(recap.generation.state_of(model).decoders)
+    # The layout choice the first call deferred would run first in whichever thread comes
+    # first, the others waiting for it (tests/test_linear_layout.py): made here instead.
+    assert all(dec.linear_layout_used for dec in decoders.values())
     meet = MeetInForward(model, THREADS)
     try:
         outs = on_threads(THREADS, lambda i: model.generate(ids[i], custom_generate=recap.generate,
@@ -170,3 +174,25 @@ def test_recap_generate_takes_a_configuration_and_a_drafter_name():
         model.generate(x, custom_generate=recap.generate, recap_config={"budget": 3}, **kw)
     with pytest.raises(ValueError, match="not used by the model"):
         model.generate(x, custom_generate=recap.generate, recap_confg=RecapConfig(), **kw)
+
+
+def test_a_deferred_layout_choice_is_made_once_while_concurrent_requests_wait(monkeypatch):
+    import copy
+
+    import recap.linear_layout as layouts
+    from recap.model_state import state_of
+
+    model = copy.deepcopy(text_family("Llama"))  # nothing decided on it
+    timed = []
+    real = layouts._measure
+    monkeypatch.setattr(layouts, "_measure", lambda *a: timed.append(1) or real(*a))
+    dec = recap.Decoder(model, RecapConfig(budget="auto"))
+    dec.generate(prompts(1)[0], max_new_tokens=4)
+    assert timed == []  # the first request ran in the model's own layout
+    ids = prompts(3)
+    outs = on_threads(3, lambda i: dec.generate(ids[i], max_new_tokens=16, eos_token_id=None))
+    for x, out in zip(ids, outs, strict=True):
+        assert torch.equal(out, model.generate(x, do_sample=False, max_new_tokens=16, eos_token_id=None,
+                                               pad_token_id=0))
+    state = state_of(model)
+    assert timed == [1] and not dec._layout_pending and (state.served, state.running) == (4, 0)
