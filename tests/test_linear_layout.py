@@ -294,8 +294,9 @@ def test_auto_defers_the_choice_past_a_models_first_request(monkeypatch):
     dec = recap.Decoder(model, RecapConfig(budget="auto"), linear_layout="auto")
     assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
     assert timed == [] and layout_of(model).bytes == 0 and dec._layout is None
-    assert dec._cost.points == [1, 4]  # small trees only until the layout probe's 12 tokens
     state = state_of(model)
+    # Small trees only until the layout probe's 12 tokens: the conformance probe's own passes.
+    assert dec._cost.points == [1, 6] and state.probe_passes.keys() == {1, 6}
     assert (state.served, state.running) == (1, 0)
     state.running += 1  # another request in flight: its passes would disturb the timings
     assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()

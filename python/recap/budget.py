@@ -67,7 +67,7 @@ def model_key(model: torch.nn.Module) -> tuple:
 def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tuple = (),
                refresh: bool = False, reps: int = 1, passes: ChainPasses | None = None,
                known: dict[int, float] | None = None, warm: bool = False,
-               upto: int = POINTS[-1]) -> CostModel:
+               points: tuple[int, ...] = POINTS) -> CostModel:
     """The cached cost model of `model` (measured now if missing, or if `refresh`).
 
     `new_pass(capacity)` makes a `recap.tree_pass.TreePass` of the model (the pass decoding
@@ -76,12 +76,12 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
     `passes`, when given, is a context already built (the first use's, shared with the
     layout probe) to measure in, if it holds the largest point; `known` holds points
     measured there already (the layout probe's passes, in the layout chosen). `warm`: the
-    model has just run passes (the conformance probe), so no pass warms up first. `upto`: the
-    largest of POINTS to measure (the controller extends the curve online past it)."""
+    model has just run passes (the conformance probe), so no pass warms up first. `points`: the
+    sizes to take (the controller extends the curve online past the last)."""
     per_model = state_of(model).cost_curves  # with the model: it goes when the model goes
     key = model_key(model) + tuple(variant)
     found = per_model.get(key)
-    covers = min(max_tokens, upto)
+    covers = min(max_tokens, points[-1])
     if found is not None and not refresh and found.points[-1] >= covers:
         return found
     stored_as = measurements.key(model, "cost", tuple(variant))
@@ -89,16 +89,16 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
     if isinstance(kept, dict) and kept.get("points") and kept["points"][-1] >= covers:
         per_model[key] = CostModel([int(p) for p in kept["points"]], [float(t) for t in kept["seconds"]])
         return per_model[key]
-    points = sorted({p for p in POINTS if p < covers} | {covers})
+    sizes = sorted({p for p in points if p < covers} | {covers})
     known = dict(known or {})
-    missing = [p for p in points if p not in known]
+    missing = [p for p in sizes if p not in known]
     if missing:
         if passes is None or passes.max_tokens < missing[-1]:
             passes = ChainPasses(model, new_pass, missing[-1])
         known.update(zip(missing, _measure(passes, missing, reps, warm=warm or passes.runs > 0), strict=True))
-    seconds = _monotone(np.asarray([known[p] for p in points])).tolist()
-    per_model[key] = CostModel(points, seconds)
-    measurements.store(stored_as, {"points": points, "seconds": seconds})
+    seconds = _monotone(np.asarray([known[p] for p in sizes])).tolist()
+    per_model[key] = CostModel(sizes, seconds)
+    measurements.store(stored_as, {"points": sizes, "seconds": seconds})
     return per_model[key]
 
 

@@ -6,10 +6,12 @@ cache is compacted to a side branch and decoded one more token. A model that ign
 tree mask, the explicit positions or the compaction is refused with the reason, instead of
 decoding wrong text.
 
-A pass is kept with the model and across processes (`recap.measurements`, keyed by the
-model's fingerprint and class, dtype, device, attention implementation and the torch,
-transformers and recap versions), so a later process on the same model skips the probe's
-four passes.
+The tree pass and the last one-token pass are timed (`ModelState.probe_passes`): the
+pass decoding runs, in the model's own layout, so a first use that defers the layout choice
+takes them as its cost curve's points. A pass is kept with the model and across processes
+(`recap.measurements`, keyed by the model's fingerprint and class, dtype, device, attention
+implementation and the torch, transformers and recap versions), so a later process on the
+same model skips the probe's four passes.
 
 Tree (preorder):  r -> a -> b -> c   and   r -> d -> e;  after the pass, keep r, d, e and
 decode f. When the model has a short sliding window, the context is longer than the window,
@@ -17,6 +19,8 @@ so the window's edge is crossed inside the tree.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import torch
@@ -110,7 +114,9 @@ def probe(adapter: ModelAdapter) -> bool:
     tp = TreePass(adapter, max_nodes=len(tree), capacity=n_ctx + 2 * len(tree))
     try:
         tp.prefill(torch.tensor([context], device=device), None, {})
+        t = time.perf_counter()
         got = _tree_pass(tp, tree)
+        passes = {len(tree): time.perf_counter() - t}
     except Exception as e:  # noqa: BLE001 - any failure here means the model cannot take a tree pass
         raise UnsupportedModelError(
             f"{name}: a draft-tree verification pass (4D additive mask, explicit position ids) failed: "
@@ -132,7 +138,9 @@ def probe(adapter: ModelAdapter) -> bool:
             f"in {dt}); its attention may not honour a 4D additive mask")
     try:
         tp.compact(KEEP, len(tree))
+        t = time.perf_counter()
         got_f = tp.verify(*tp.load_chain([f])).double()
+        passes[1] = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001
         raise UnsupportedModelError(
             f"{name}: its KV cache cannot be compacted to the accepted path (crop and gather): "
@@ -142,5 +150,6 @@ def probe(adapter: ModelAdapter) -> bool:
             f"{name}: after compacting its KV cache to the accepted path, decoding differs from one-token "
             "decoding (the cache is not croppable per token)")
     state.conformance = key
+    state.probe_passes = passes
     measurements.store(stored_as, True)
     return True

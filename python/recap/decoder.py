@@ -36,10 +36,10 @@ from recap.request import UNSET, Request, from_call
 from recap.stats import GenerationStats
 from recap.tree_pass import TreePass
 
-# The cost curve's largest point while the linear layout's choice waits: each pass is one
-# more first-use cost (0.3 s at 12 tokens on the 0.5B-shaped model), and the layout probe
-# measures 12 tokens anyway.
-_PENDING_UPTO = 4
+# The cost curve's sizes while the linear layout's choice waits and the conformance probe's
+# passes are not at hand: each pass is one more first-use cost (0.3 s at 12 tokens on the
+# 0.5B-shaped model), and the layout probe measures 12 tokens anyway.
+_PENDING_POINTS = (1, 4)
 
 
 class _PassFactory:
@@ -182,12 +182,22 @@ class Decoder:
             if not self._layout_pending:
                 self._layout = layouts.choose(self.model, passes.layout_probe, key, self._linear_layout,
                                               warm=warm, warm_copy=passes.warm_copy)
-            if self._auto_budget:  # small trees only while the layout waits (its probe adds 12 tokens)
-                self._calibrate(passes=passes.built, known=passes.known(self._layout is not None), warm=warm,
-                                upto=_PENDING_UPTO if self._layout_pending else _COST_POINTS[-1])
+            if self._auto_budget and self._layout_pending:
+                self._calibrate(**self._pending_curve(warm))
+            elif self._auto_budget:
+                self._calibrate(passes=passes.built, known=passes.known(self._layout is not None), warm=warm)
             if self._seeds:
                 self._head_share = seeding.head_share(self.adapter)
             self._prepared = True
+
+    def _pending_curve(self, probed: bool) -> dict:
+        """How to take the cost curve while the layout choice waits: small trees only, from
+        the conformance probe's own passes where it has just run (no pass of its own), else
+        from passes at _PENDING_POINTS; the layout probe adds 12 tokens later."""
+        timed = state_of(self.model).probe_passes
+        if probed and timed:
+            return dict(known=dict(timed), points=tuple(sorted(timed)))
+        return dict(warm=probed, points=_PENDING_POINTS)
 
     def _settle_layout(self) -> None:
         """The linear-layout choice a first use deferred, and with budget="auto" the cost curve
@@ -274,11 +284,11 @@ class Decoder:
 
     def _calibrate(self, refresh: bool = False, passes: ChainPasses | None = None,
                    known: dict[int, float] | None = None, warm: bool = False,
-                   upto: int = _COST_POINTS[-1]) -> CostModel:
+                   points: tuple[int, ...] = _COST_POINTS) -> CostModel:
         new_pass = _PassFactory(self)
         with self._layout_context():  # not verifying(): this runs inside the first use
             self._cost = cost_model(self.model, new_pass, self._drafter.max_nodes + 1, variant=(self._layout_name(),),
-                                    refresh=refresh, passes=passes, known=known, warm=warm, upto=upto)
+                                    refresh=refresh, passes=passes, known=known, warm=warm, points=points)
         self._drafter.set_cost_points(self._cost.points, self._cost.seconds)
         return self._cost
 

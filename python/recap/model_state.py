@@ -33,6 +33,7 @@ class ModelState:
         self.layout_choice: dict[tuple, bool] = {}  # (device, dtype, threads) -> transposed is faster
         self.cost_curves: dict[tuple, CostModel] = {}  # (device, dtype, threads, layout)
         self.conformance: tuple | None = None  # (dtype, device) the probe passed in
+        self.probe_passes: dict[int, float] = {}  # its timed passes, seconds by tree size
         self.head_share: float | None = None  # the head's cost per position over a token's (recap.seeding)
         # Requests on the model: a linear-layout choice deferred by a first use waits for a
         # later request that runs alone (recap.decoder), holding layout_lock while it times.
