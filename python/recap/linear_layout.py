@@ -4,7 +4,8 @@ A verification pass multiplies a few rows (the tree's 2-64 tokens) by every weig
 Some CPU BLAS builds are much slower for such small-M products against PyTorch's [out, in]
 weight layout than against [in, out]: with MKL 2024.2 on 2 threads, SmolLM2's LM head
 (49152 x 576) takes 21 ms for 8 rows as `linear(x, W)` and 12 ms as `x @ W.T.contiguous()`,
-while a single row costs the same either way. `LinearLayout` keeps a contiguous W^T per
+while a single row costs the same either way (with torch 2.15 on the same VM, whole passes
+of SmolLM2 past one token are faster in the model's own layout, and the probe keeps it). `LinearLayout` keeps a contiguous W^T per
 layer (extra memory: one copy of the linear weights) and, while active, routes each
 `nn.Linear` through it. The weights themselves are never modified. Whether to use it is
 measured per model, device, dtype and thread count on a real verification pass.
