@@ -5,10 +5,11 @@ Some CPU BLAS builds are much slower for such small-M products against PyTorch's
 weight layout than against [in, out]: with MKL 2024.2 on 2 threads, SmolLM2's LM head
 (49152 x 576) takes 21 ms for 8 rows as `linear(x, W)` and 12 ms as `x @ W.T.contiguous()`,
 while a single row costs the same either way (with torch 2.15 on the same VM, whole passes
-of SmolLM2 past one token are faster in the model's own layout, and the probe keeps it). `LinearLayout` keeps a contiguous W^T per
-layer (extra memory: one copy of the linear weights) and, while active, routes each
-`nn.Linear` through it. The weights themselves are never modified. Whether to use it is
-measured per model, device, dtype and thread count on a real verification pass.
+of SmolLM2 past one token are faster in the model's own layout, and the probe keeps it).
+`LinearLayout` keeps a contiguous W^T per layer (extra memory: one copy of the linear
+weights) and, while active, routes each `nn.Linear` through it. The weights themselves are
+never modified. Whether to use it is measured per model, device, dtype and thread count on
+real verification passes.
 """
 
 from __future__ import annotations
