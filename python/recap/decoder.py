@@ -201,7 +201,8 @@ class Decoder:
 
     def _settle_layout(self) -> None:
         """The linear-layout choice a first use deferred, and with budget="auto" the cost curve
-        in the layout chosen (the model's own layout keeps the curve it has)."""
+        at 1, 4 and 12 tokens in the layout chosen: the probe's passes in that layout, and in
+        the model's own the points it had, so at most one new pass."""
         with state_of(self.model).layout_lock, self._prepare_lock:
             if not self._layout_pending:
                 return
