@@ -70,3 +70,15 @@ def test_a_later_process_runs_its_first_request_in_the_stored_layout(tmp_path, m
     later = recap.Decoder(again)
     assert torch.equal(later.generate(prompt, max_new_tokens=12), want)
     assert timed == [1] and later._layout is not None  # the stored choice, from the first request
+
+
+def test_a_layout_decision_stored_by_another_probe_is_taken_again(tmp_path, monkeypatch):
+    import recap.linear_layout as layouts
+
+    monkeypatch.setenv("RECAP_CACHE", "1")
+    monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
+    model = copy.deepcopy(text_family("Qwen2"))
+    measurements.store(measurements.key(model, "layout"), True)  # the name an earlier probe stored under
+    assert layouts.undecided(model, budget.model_key(model), "auto")
+    measurements.store(layouts._stored_as(model), False)
+    assert not layouts.undecided(model, budget.model_key(model), "auto")

@@ -218,7 +218,7 @@ def choose(model: torch.nn.Module, probe, key: tuple, layout: str, *, warm: bool
             decisions[key] = kept
         else:
             decisions[key] = _measure(candidate, probe, warm, warm_copy or probe)
-            measurements.store(measurements.key(model, "layout"), decisions[key])
+            measurements.store(_stored_as(model), decisions[key])
     if decisions[key]:
         return candidate
     candidate.release()
@@ -242,9 +242,15 @@ def _eligible(model: torch.nn.Module, candidate: LinearLayout) -> bool:
     return copy <= MEMORY_SHARE * available_memory()
 
 
+def _stored_as(model: torch.nn.Module) -> str:
+    """The store's name for the model's decision, by what the probe times: a decision taken by
+    another probe (one 12-token pass, timed with its context's prefill) is taken again."""
+    return measurements.key(model, "layout", ("probe", *PROBE_TOKENS))
+
+
 def _stored(model: torch.nn.Module, key: tuple) -> bool | None:
     """The decision an earlier process stored for this model, or None."""
-    kept = measurements.load(measurements.key(model, "layout"))
+    kept = measurements.load(_stored_as(model))
     if isinstance(kept, bool):
         state_of(model).layout_choice[key] = kept
         return kept
