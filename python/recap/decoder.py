@@ -176,16 +176,12 @@ class Decoder:
             if self._prepared:
                 return
             warm = probe(self.adapter)  # tree passes equal one-token passes on this model, or a clear error
-            passes = _FirstUsePasses(self)
-            key = model_key(self.model)
-            self._layout_pending = not settle and layouts.undecided(self.model, key, self._linear_layout)
+            self._layout_pending = not settle and layouts.undecided(self.model, model_key(self.model),
+                                                                    self._linear_layout)
             if not self._layout_pending:
-                self._layout = layouts.choose(self.model, passes.layout_probe, key, self._linear_layout,
-                                              warm=warm, warm_copy=passes.warm_copy)
-            if self._auto_budget and self._layout_pending:
-                self._calibrate(**self._pending_curve(warm))
+                self._choose_layout(probe_warm=warm, curve_warm=warm)
             elif self._auto_budget:
-                self._calibrate(passes=passes.built, known=passes.known(self._layout is not None), warm=warm)
+                self._calibrate(**self._pending_curve(warm))
             if self._seeds:
                 self._head_share = seeding.head_share(self.adapter)
             self._prepared = True
@@ -199,23 +195,28 @@ class Decoder:
             return dict(known=dict(timed), points=tuple(sorted(timed)))
         return dict(warm=probed, points=_PENDING_POINTS)
 
+    def _choose_layout(self, probe_warm: bool, curve_warm: bool) -> None:
+        """The linear layout (`recap.linear_layout.choose`) and, with budget="auto", the cost
+        curve at 1, 4 and 12 tokens in it: the layout probe's passes in the layout chosen are
+        its points, and in the model's own layout so are the points it had (a deferred
+        choice's), so at most one new pass. `*_warm`: the model has just run passes."""
+        passes = _FirstUsePasses(self)
+        self._layout = layouts.choose(self.model, passes.layout_probe, model_key(self.model), self._linear_layout,
+                                      warm=probe_warm, warm_copy=passes.warm_copy)
+        if self._auto_budget:
+            known = passes.known(self._layout is not None)
+            if self._layout is None and self._cost is not None:
+                known = dict(zip(self._cost.points, self._cost.seconds, strict=True)) | known
+            self._calibrate(passes=passes.built, known=known, warm=curve_warm)
+            self._batch_cost = None
+
     def _settle_layout(self) -> None:
-        """The linear-layout choice a first use deferred, and with budget="auto" the cost curve
-        at 1, 4 and 12 tokens in the layout chosen: the probe's passes in that layout, and in
-        the model's own the points it had, so at most one new pass."""
+        """The linear-layout choice a first use deferred (`_choose_layout`; the model is warm:
+        a request ran)."""
         with state_of(self.model).layout_lock, self._prepare_lock:
-            if not self._layout_pending:
-                return
-            passes = _FirstUsePasses(self)
-            self._layout = layouts.choose(self.model, passes.layout_probe, model_key(self.model), self._linear_layout,
-                                          warm=True, warm_copy=passes.warm_copy)  # warm: a request ran
-            if self._auto_budget:  # the whole curve in the layout chosen, the probe's passes its points
-                known = passes.known(self._layout is not None)
-                if self._layout is None and self._cost is not None:
-                    known = dict(zip(self._cost.points, self._cost.seconds, strict=True)) | known
-                self._calibrate(passes=passes.built, known=known)
-                self._batch_cost = None
-            self._layout_pending = False
+            if self._layout_pending:
+                self._choose_layout(probe_warm=True, curve_warm=False)
+                self._layout_pending = False
 
     @contextlib.contextmanager
     def _admitted(self):

@@ -195,9 +195,9 @@ def layout_of(model: torch.nn.Module) -> LinearLayout:
 def choose(model: torch.nn.Module, probe, key: tuple, layout: str, *, warm: bool = False,
            warm_copy=None) -> LinearLayout | None:
     """The layout to verify with: None for the model's own. "auto" measures `probe()` (one
-    verification pass of each of PROBE_TOKENS' sizes) both ways, in two interleaved pairs (one where the first shows a
-    DECISIVE gain), on CPU models whose weight copy fits in MEMORY_SHARE of the available
-    memory, once per `key`; other devices keep their own. `warm`: the model has just run
+    verification pass of each of PROBE_TOKENS' sizes) both ways, in two interleaved pairs
+    (one where the first shows a DECISIVE gain), on CPU models whose weight copy fits in
+    MEMORY_SHARE of the available memory, once per `key`; other devices keep their own. `warm`: the model has just run
     passes (the conformance probe), so the probe needs no warm-up of its own.
     `warm_copy()` runs once in the transposed layout right after the copy is made, untimed
     (default: `probe()`): the copy's first pass is the slow one (0.29 s against 0.21 s later
@@ -213,7 +213,7 @@ def choose(model: torch.nn.Module, probe, key: tuple, layout: str, *, warm: bool
         return None
     decisions = state_of(model).layout_choice
     if key not in decisions:
-        kept = _stored(model, key)
+        kept = _stored(model)
         if kept is not None:
             decisions[key] = kept
         else:
@@ -230,7 +230,7 @@ def undecided(model: torch.nn.Module, key: tuple, layout: str) -> bool:
     whose copy fits, with no decision for `key` in this process or the measurement store."""
     if layout != "auto" or key in state_of(model).layout_choice:
         return False
-    return _eligible(model, layout_of(model)) and _stored(model, key) is None
+    return _eligible(model, layout_of(model)) and _stored(model) is None
 
 
 def _eligible(model: torch.nn.Module, candidate: LinearLayout) -> bool:
@@ -248,13 +248,10 @@ def _stored_as(model: torch.nn.Module) -> str:
     return measurements.key(model, "layout", ("probe", *PROBE_TOKENS))
 
 
-def _stored(model: torch.nn.Module, key: tuple) -> bool | None:
+def _stored(model: torch.nn.Module) -> bool | None:
     """The decision an earlier process stored for this model, or None."""
     kept = measurements.load(_stored_as(model))
-    if isinstance(kept, bool):
-        state_of(model).layout_choice[key] = kept
-        return kept
-    return None
+    return kept if isinstance(kept, bool) else None
 
 
 def _measure(candidate: LinearLayout, probe, warm: bool, warm_copy) -> bool:

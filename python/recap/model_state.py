@@ -2,9 +2,9 @@
 the model goes): the decoders `recap.generate` uses, the visual-token router `recap.catchup`
 attached, the linear layout and its timing decisions, the measured cost curves, the
 conformance probe's verdict, its requests' count, and the lock that makes a prefill and the
-per-request state the model keeps on itself (M-RoPE offsets) one step for concurrent requests. Copies of the model
-(deepcopy, pickle) start with an empty holder: nothing measured on one model is trusted for
-another."""
+per-request state the model keeps on itself (M-RoPE offsets) one step for concurrent
+requests. Copies of the model (deepcopy, pickle) start with an empty holder: nothing
+measured on one model is trusted for another."""
 
 from __future__ import annotations
 
