@@ -10,7 +10,9 @@
 //! one after a 4-token match), and a node's probability is its parent's times that rate. The
 //! rate of a depth not yet observed is the rate of its match length over every depth, so a
 //! long copy's 40th token is priced from how its first 20 held, not from a guess that would
-//! never let it be verified. Buckets start from a prior (the path score itself; for chains, a
+//! never let it be verified. After a short match, chain nodes the memory's search also
+//! proposed (`Agreed`) have buckets of their own: on open text such a copy whose token the
+//! memory does not predict holds far less often than one it does. Buckets start from a prior (the path score itself; for chains, a
 //! hold rate that grows with the match) and move to the observed rates as evidence
 //! accumulates.
 //!
@@ -30,7 +32,17 @@ const SCORE_BUCKETS: usize = 64;
 const CHAIN_DEPTHS: usize = 22;
 /// Match lengths 0-1, 2-3, 4-7, 8-15, 16-31, 32 and more.
 const MATCH_BUCKETS: usize = 6;
-const BUCKETS: usize = SCORE_BUCKETS + CHAIN_DEPTHS * MATCH_BUCKETS;
+/// Chain buckets of one kind (copied alone, or also proposed by the memory).
+const CHAIN_BUCKETS: usize = CHAIN_DEPTHS * MATCH_BUCKETS;
+const BUCKETS: usize = SCORE_BUCKETS + 2 * CHAIN_BUCKETS;
+/// Pooled chain rates: per kind and match bucket.
+const POOLS: usize = 2 * MATCH_BUCKETS;
+/// Chain nodes the memory also proposed are priced apart after matches shorter than 8
+/// tokens (the first three match buckets): a short match is weak evidence, and whether the
+/// memory predicts the same token tells a copy from a coincidence; a longer match is
+/// evidence enough, and splitting its observations only thins them (in modeled time, 70
+/// prompts, splitting every match length cost the long copies 5-11%).
+const AGREEMENT_MATCHES: usize = 3;
 /// The prior hold rate of a chain (its next token, given the chain held so far), per match
 /// bucket.
 const CHAIN_HOLD: [f32; MATCH_BUCKETS] = [0.5, 0.6, 0.7, 0.8, 0.88, 0.93];
@@ -152,9 +164,10 @@ pub struct AutoBudget {
     cost: Vec<f32>,
     hits: Vec<f32>,
     counts: Vec<f32>,
-    /// Chain observations per match bucket, over every depth (the depth buckets' prior).
-    pooled_hits: [f32; MATCH_BUCKETS],
-    pooled_counts: [f32; MATCH_BUCKETS],
+    /// Chain observations per kind and match bucket, over every depth (the depth buckets'
+    /// prior).
+    pooled_hits: [f32; POOLS],
+    pooled_counts: [f32; POOLS],
     heap: BinaryHeap<Frontier>,
     prob: Vec<f32>,
     mean: Vec<f32>,
@@ -178,8 +191,8 @@ impl AutoBudget {
             cost: Vec::new(),
             hits: vec![0.0; BUCKETS],
             counts: vec![0.0; BUCKETS],
-            pooled_hits: [0.0; MATCH_BUCKETS],
-            pooled_counts: [0.0; MATCH_BUCKETS],
+            pooled_hits: [0.0; POOLS],
+            pooled_counts: [0.0; POOLS],
             heap: BinaryHeap::new(),
             prob: Vec::new(),
             mean: Vec::new(),
@@ -224,12 +237,16 @@ impl AutoBudget {
 
     fn bucket(tree: &DraftTree, i: usize) -> usize {
         match tree.sources[i] {
-            NodeSource::Suffix => {
+            source @ (NodeSource::Suffix | NodeSource::Agreed) => {
                 // Chains carry the match length that produced them as their score.
                 let m = tree.scores[i].max(0.0) as usize;
                 let mb = (usize::BITS - (m | 1).leading_zeros()) as usize - 1; // floor(log2)
                 let depth = Self::depth_bucket(tree.depths[i] as usize);
-                SCORE_BUCKETS + depth * MATCH_BUCKETS + mb.min(MATCH_BUCKETS - 1)
+                let kind = (source == NodeSource::Agreed && mb < AGREEMENT_MATCHES) as usize;
+                SCORE_BUCKETS
+                    + kind * CHAIN_BUCKETS
+                    + depth * MATCH_BUCKETS
+                    + mb.min(MATCH_BUCKETS - 1)
             }
             _ => {
                 let s = tree.scores[i].max(1e-12);
@@ -255,15 +272,20 @@ impl AutoBudget {
         (bucket - SCORE_BUCKETS) % MATCH_BUCKETS
     }
 
+    /// A chain bucket's pool: its kind and match bucket.
+    fn pool(bucket: usize) -> usize {
+        (bucket - SCORE_BUCKETS) / CHAIN_BUCKETS * MATCH_BUCKETS + Self::match_bucket(bucket)
+    }
+
     /// A score bucket's prior acceptance; a chain bucket's prior hold rate (its match
     /// bucket's rate over every depth, itself starting from CHAIN_HOLD).
     fn prior(&self, bucket: usize) -> f32 {
         if !Self::is_chain(bucket) {
             return (2.0f32).powf(-(bucket as f32) / 4.0);
         }
-        let m = Self::match_bucket(bucket);
-        (self.pooled_hits[m] + PRIOR_WEIGHT * CHAIN_HOLD[m])
-            / (self.pooled_counts[m] + PRIOR_WEIGHT)
+        let (m, pool) = (Self::match_bucket(bucket), Self::pool(bucket));
+        (self.pooled_hits[pool] + PRIOR_WEIGHT * CHAIN_HOLD[m])
+            / (self.pooled_counts[pool] + PRIOR_WEIGHT)
     }
 
     /// Calibrated rate of a bucket: a score bucket's acceptance probability, a chain
@@ -479,7 +501,7 @@ impl AutoBudget {
                 if !accepted[tree.parents[i] as usize] {
                     continue;
                 }
-                let m = Self::match_bucket(b);
+                let m = Self::pool(b);
                 self.pooled_counts[m] += 1.0;
                 self.pooled_hits[m] += hit_of(hit);
                 if self.pooled_counts[m] >= HALF_LIFE {
@@ -498,15 +520,18 @@ impl AutoBudget {
 
     /// (bucket kind, key, prior, observed count, calibrated rate) for every bucket with
     /// observations: "score" buckets give acceptance probabilities, "chain" buckets (key:
-    /// depth bucket x 6 + match bucket) hold rates.
+    /// depth bucket x 6 + match bucket) and "agreed" buckets (the same key, for chain nodes
+    /// the memory's search also proposed) hold rates.
     pub fn calibration(&self) -> Vec<(&'static str, u32, f32, f32, f32)> {
         (0..BUCKETS)
             .filter(|&b| self.counts[b] > 0.0)
             .map(|b| {
                 let (kind, key) = if b < SCORE_BUCKETS {
                     ("score", b as u32)
-                } else {
+                } else if b < SCORE_BUCKETS + CHAIN_BUCKETS {
                     ("chain", (b - SCORE_BUCKETS) as u32)
+                } else {
+                    ("agreed", (b - SCORE_BUCKETS - CHAIN_BUCKETS) as u32)
                 };
                 (
                     kind,
@@ -853,6 +878,47 @@ mod tests {
             "{:?} after {held:?}",
             b.last()
         );
+    }
+
+    #[test]
+    fn short_copies_the_memory_also_proposed_are_priced_apart() {
+        // Two chains after 3-token matches: one whose first token the search proposed too.
+        let mut t = DraftTree::default();
+        t.reset(1, [NO_TOKEN, NO_TOKEN]);
+        t.push(0, 5, 0.5, NodeSource::Search);
+        let none = crate::token_set::TokenSet::from_ids(64, &[]);
+        t.graft_chain(&[5, 6], 3.0, &none, 8, NodeSource::Suffix);
+        t.push(0, 7, 3.0, NodeSource::Suffix);
+        t.into_preorder();
+        let at = |tok: u32| t.tokens.iter().position(|&x| x == tok).unwrap();
+        let (agreed, alone) = (AutoBudget::bucket(&t, at(5)), AutoBudget::bucket(&t, at(7)));
+        assert_ne!(agreed, alone);
+        assert!(AutoBudget::is_chain(agreed) && AutoBudget::is_chain(alone));
+        assert_eq!(
+            AutoBudget::match_bucket(agreed),
+            AutoBudget::match_bucket(alone)
+        );
+        // The agreed copy always holds, the lone one never: each bucket (and its kind's
+        // prior for depths not yet seen) learns its own rate.
+        let mut b = AutoBudget::new(vec![1.0; 8]).unwrap();
+        let (p_agreed, p_alone) = (b.probability(agreed), b.probability(alone));
+        for _ in 0..40 {
+            b.learn(&t, &[0, at(5)]);
+        }
+        assert!(b.probability(agreed) > p_agreed && b.probability(alone) < p_alone);
+        assert!(b.probability(agreed) > 0.9 && b.probability(alone) < 0.1);
+        let deeper_alone = AutoBudget::bucket(&t, at(7)) + MATCH_BUCKETS; // depth 2, alone
+        assert!(b.prior(deeper_alone) < 0.1);
+        let kinds: Vec<&str> = b.calibration().iter().map(|c| c.0).collect();
+        assert!(kinds.contains(&"agreed") && kinds.contains(&"chain"));
+        // After a long match the copy is evidence enough: one bucket either way.
+        let mut long = DraftTree::default();
+        long.reset(1, [NO_TOKEN, NO_TOKEN]);
+        long.push(0, 5, 0.5, NodeSource::Search);
+        long.graft_chain(&[5], 40.0, &none, 8, NodeSource::Suffix);
+        long.push(0, 7, 40.0, NodeSource::Suffix);
+        assert_eq!(long.sources[1], NodeSource::Agreed);
+        assert_eq!(AutoBudget::bucket(&long, 1), AutoBudget::bucket(&long, 2));
     }
 
     #[test]

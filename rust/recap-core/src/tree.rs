@@ -17,6 +17,9 @@ pub enum NodeSource {
     /// Copied from earlier text (suffix graft, prompt lookup, SAM, suffix tree). Their score
     /// is the match length that produced them (the suffix tree stores its probability).
     Suffix = 2,
+    /// Copied from earlier text where a prediction memory proposed the same token (a search
+    /// node the graft reused); its score is the match length, as for `Suffix`.
+    Agreed = 3,
 }
 
 /// Sentinel for "no token" in contexts (the request started fewer than two tokens ago).
@@ -117,7 +120,9 @@ impl DraftTree {
     /// drafters store the match length there) and `source`, reused ones too: a token both the
     /// search and the copy propose is priced as the copy (the match is evidence about this
     /// very context; a search score's rate is an average over all of them), and the chain
-    /// below it keeps its price. Returns the number of tokens placed.
+    /// below it keeps its price. A reused search node becomes `Agreed` when `source` is
+    /// `Suffix`: a copy the memory also predicts holds far more often than one it does not,
+    /// so the budget prices the two apart. Returns the number of tokens placed.
     pub fn graft_chain(
         &mut self,
         tokens: &[u32],
@@ -134,7 +139,9 @@ impl DraftTree {
             node = match self.child_with_token(node, tok) {
                 Some(existing) => {
                     self.scores[existing] = score;
-                    self.sources[existing] = source;
+                    let agreed = source == NodeSource::Suffix
+                        && self.sources[existing] == NodeSource::Search;
+                    self.sources[existing] = if agreed { NodeSource::Agreed } else { source };
                     existing
                 }
                 None => self.push(node, tok, score, source),
@@ -387,6 +394,25 @@ mod tests {
         t.into_preorder();
         assert_eq!(t.tokens, vec![10, 11, 13, 14, 12]);
         assert_eq!(t.parents, vec![-1, 0, 1, 2, 0]);
+    }
+
+    #[test]
+    fn a_graft_marks_the_search_nodes_it_reuses_as_agreed() {
+        let mut t = DraftTree::default();
+        t.reset(10, [NO_TOKEN, NO_TOKEN]);
+        let a = t.push(0, 11, 0.6, NodeSource::Search);
+        t.push(a, 12, 0.3, NodeSource::Search);
+        let none = TokenSet::from_ids(64, &[]);
+        assert_eq!(
+            t.graft_chain(&[11, 13, 14], 3.0, &none, 8, NodeSource::Suffix),
+            3
+        );
+        let source_of = |tok: u32| t.sources[t.tokens.iter().position(|&x| x == tok).unwrap()];
+        assert_eq!(source_of(11), NodeSource::Agreed); // the search proposed it too
+        assert_eq!(source_of(12), NodeSource::Search); // off the chain: untouched
+        assert_eq!(source_of(13), NodeSource::Suffix); // the copy alone
+        assert_eq!(source_of(14), NodeSource::Suffix);
+        assert!(t.scores[a] == 3.0); // priced by its match, as every chain node
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub struct DraftTree {
     depths: Py<PyArray1<i64>>,
     #[pyo3(get)]
     scores: Py<PyArray1<f32>>,
-    /// 0 root, 1 tree search, 2 suffix graft.
+    /// 0 root, 1 tree search, 2 suffix graft, 3 suffix graft the tree search also proposed.
     #[pyo3(get)]
     sources: Py<PyArray1<u8>>,
     /// T x T ancestor-or-self mask (row i: nodes node i attends to).
@@ -135,7 +135,8 @@ impl Session {
 
     /// Acceptance calibration of the hardware-aware budget: (kind, bucket, prior, observed
     /// nodes, calibrated probability) per bucket seen so far. "score" buckets are path
-    /// scores 2^(-bucket/4); "chain" buckets are depth * 4 + match-length class.
+    /// scores 2^(-bucket/4); "chain" buckets are depth bucket * 6 + match-length class, and
+    /// "agreed" buckets the same for chain nodes the tree search also proposed.
     fn calibration(&self) -> Vec<(&'static str, u32, f32, f32, f32)> {
         self.session
             .auto_budget()
