@@ -12,9 +12,9 @@
 //! long copy's 40th token is priced from how its first 20 held, not from a guess that would
 //! never let it be verified. After a short match, chain nodes the memory's search also
 //! proposed (`Agreed`) have buckets of their own: on open text such a copy whose token the
-//! memory does not predict holds far less often than one it does. Buckets start from a prior (the path score itself; for chains, a
-//! hold rate that grows with the match) and move to the observed rates as evidence
-//! accumulates.
+//! memory does not predict holds far less often than one it does. Buckets start from a
+//! prior (the path score itself; for chains, a hold rate that grows with the match) and move
+//! to the observed rates as evidence accumulates.
 //!
 //! Nodes are then taken greedily by (optimistic) probability (a node only after its parent),
 //! and the prefix with the best expected tokens per
