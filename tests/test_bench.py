@@ -191,3 +191,16 @@ def test_every_round_starts_from_the_memory_the_prompt_found():
             steps = [r.steps for r in b.runs if r.label == label and r.prompt == prompt]
             assert len(steps) == 3 and len(set(steps)) == 1, (label, prompt, steps)
     assert all(r.equal for r in b.runs)
+
+
+def test_bench_columns_name_each_drafter_once_and_the_anchor_last():
+    from recap.cli import bench_entries
+
+    labels = lambda *a: [e.label for e in bench_entries(*a)]  # noqa: E731
+    assert labels(["recap@auto", "sam"], True) == ["recap@auto", "sam", "hf_pld"]
+    # Named by the user too (it used to run twice under one label, halving its speedups).
+    assert labels(["recap@auto", "hf_pld", "sam"], True) == ["recap@auto", "hf_pld", "sam"]
+    assert labels(["sam", "recap@16", "sam", "recap@16"], False) == ["sam", "recap@16"]
+    assert labels(["recap@8", "recap@16"], False) == ["recap@8", "recap@16"]  # budgets are columns of their own
+    with pytest.raises(ValueError, match="drafter budget"):
+        bench_entries(["recap@many"], True)

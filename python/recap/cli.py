@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from typing import Any
 
 
 def _encode(tok, messages):
@@ -184,17 +185,28 @@ def batch_bench(args: argparse.Namespace, model, tok, encode, model_name: str, p
     return 0
 
 
+def bench_entries(drafters: list[str], anchor: bool) -> list[Any]:
+    """The bench's columns: each drafter named once, in order, then the anchor (transformers'
+    prompt lookup) unless named already. A drafter named twice would run twice under one
+    label, and its rounds would be paired with the wrong runs."""
+    from recap.bench import ANCHOR, Entry
+
+    entries: dict[str, Any] = {}
+    for text in [*drafters, *([ANCHOR] if anchor else [])]:
+        entry = Entry.parse(text)
+        entries.setdefault(entry.label, entry)
+    return list(entries.values())
+
+
 def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import torch
 
-    from recap.bench import Bench, Entry, machine, page, source_commit
+    from recap.bench import Bench, machine, page, source_commit
     from recap.prompts import load_prompts
 
-    entries = [Entry.parse(d) for d in args.drafters]
-    if args.anchor:
-        entries.append(Entry.parse("hf_pld"))
+    entries = bench_entries(args.drafters, args.anchor)
     t0 = time.perf_counter()
     vision = False
     if args.model is None:
