@@ -501,12 +501,12 @@ impl AutoBudget {
                 if !accepted[tree.parents[i] as usize] {
                     continue;
                 }
-                let m = Self::pool(b);
-                self.pooled_counts[m] += 1.0;
-                self.pooled_hits[m] += hit_of(hit);
-                if self.pooled_counts[m] >= HALF_LIFE {
-                    self.pooled_counts[m] *= 0.5;
-                    self.pooled_hits[m] *= 0.5;
+                let pool = Self::pool(b);
+                self.pooled_counts[pool] += 1.0;
+                self.pooled_hits[pool] += hit_of(hit);
+                if self.pooled_counts[pool] >= HALF_LIFE {
+                    self.pooled_counts[pool] *= 0.5;
+                    self.pooled_hits[pool] *= 0.5;
                 }
             }
             self.counts[b] += 1.0;
