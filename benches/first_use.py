@@ -64,7 +64,7 @@ def instrumented(parts: dict):
     """Times each first-use step into `parts` while the block runs."""
     from recap import decoder as d
 
-    originals = (d.probe, d.layouts.choose, d.Decoder._calibrate, d.seeding.head_share)
+    originals = (d.probe, d.layout_choice.choose, d.Decoder._calibrate, d.seeding.head_share)
     refresh = d.layouts.LinearLayout._refresh
 
     def wrap(f, name):
@@ -74,14 +74,14 @@ def instrumented(parts: dict):
         return inner
 
     d.probe = wrap(originals[0], "probe")
-    d.layouts.choose = wrap(originals[1], "layout")
+    d.layout_choice.choose = wrap(originals[1], "layout")
     d.Decoder._calibrate = wrap(originals[2], "cost curve")
     d.seeding.head_share = wrap(originals[3], "head share")
     d.layouts.LinearLayout._refresh = wrap(refresh, "of which weight copy")  # type: ignore[method-assign]
     try:
         yield
     finally:
-        d.probe, d.layouts.choose, d.Decoder._calibrate, d.seeding.head_share = originals
+        d.probe, d.layout_choice.choose, d.Decoder._calibrate, d.seeding.head_share = originals
         d.layouts.LinearLayout._refresh = refresh  # type: ignore[method-assign]
 
 

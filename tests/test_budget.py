@@ -143,34 +143,35 @@ def test_suffix_chain_adapts_only_with_the_automatic_budget():
 def test_first_use_prices_the_layout_probes_sizes_by_the_probes_own_passes(monkeypatch):
     import copy
 
-    from recap import linear_layout
+    from recap import layout_choice, linear_layout
     from recap.budget import ChainPasses
 
     model = copy.deepcopy(text_model("Qwen2"))  # nothing measured on it yet
-    runs: list[tuple[int, bool, float]] = []
+    runs: list[tuple[int, str, float]] = []  # size, the product it ran, seconds
     real = ChainPasses.run
 
     def run(self, tokens):
         t = real(self, tokens)
-        runs.append((tokens.shape[1], linear_layout.layout_of(model).active, t))
+        n = tokens.shape[1]
+        runs.append((n, linear_layout.layout_of(model).plan.product(n), t))
         return t
 
     monkeypatch.setattr(ChainPasses, "run", run)
     dec = recap.Decoder(model, linear_layout="auto")
     cost = dec.cost
-    transposed = dec.linear_layout_used == "transposed"
-    def probe(size):
-        return [t for n, active, t in runs if n == size and active == transposed]
+    plan = linear_layout.Plan.named(dec.linear_layout_used)
 
-    assert linear_layout.PROBE_TOKENS == (1, 12)
-    assert cost.points == [1, 4, 12] and cost.seconds[-1] == min(probe(12)) and cost.seconds[0] <= min(probe(1))
-    # The probe ran 1 and 12 tokens both ways (one or two pairs; no warm-up, since the
-    # conformance probe had just run the model); the transposed copy's first pass was one
-    # untimed token; the curve added one pass at 4 only.
+    def probe(size):
+        return [t for n, product, t in runs if n == size and product == plan.product(size)]
+
+    assert layout_choice.PROBE_TOKENS == (1, 4, 12)
+    assert cost.points == [1, 4, 12] and cost.seconds == [min(probe(n)) for n in (1, 4, 12)]
+    # The probe ran every size in the model's own products and in the trial plan's (one or
+    # two rounds; no warm-up, since the conformance probe had just run the model); the
+    # transposed copy's first pass was one untimed token; the curve added no pass.
     sizes = [n for n, _, _ in runs]
-    timings = sizes.count(12)
-    assert timings in (2, 4) and sizes.count(1) == timings + 1 and sizes.count(4) == 1
-    assert [active for n, active, _ in runs if n == 1][1]  # the copy's warm-up ran transposed
+    assert sizes.count(4) == sizes.count(12) in (2, 4) and sizes.count(1) in (3, 5)
+    assert [product for n, product, _ in runs if n == 1][1] == "copy"  # the copy's warm-up
 
 
 def _state(points, ms, ratio, seen, steps=100, overall=1.0):

@@ -1,4 +1,6 @@
-"""recap.linear_layout: linear layers against a transposed weight copy, chosen by measurement."""
+"""recap.linear_layout and recap.layout_choice: linear layers as the product of the same
+weights that is fastest for a pass's rows (own, a transposed copy, swapped), chosen by
+measurement."""
 
 import copy
 
@@ -8,7 +10,8 @@ import recap
 import torch
 from recap import RecapConfig
 from recap._core import transpose_into
-from recap.linear_layout import LinearLayout, choose, transposed
+from recap.layout_choice import choose
+from recap.linear_layout import DEFAULT, SWAPPED, TRANSPOSED, LinearLayout, Plan, transposed
 from tiny_models import llava_inputs, text_model
 
 IDS = torch.tensor([[5, 9, 14, 21, 7, 33, 5, 9, 14, 21]])
@@ -30,6 +33,36 @@ def test_layout_computes_the_same_outputs_and_restores_the_modules():
     assert layout.bytes == weights  # one transposed copy of every linear weight
     layout.release()
     assert layout.bytes == 0
+
+
+@pytest.mark.parametrize("plan", [SWAPPED, Plan("copy", "swapped"), Plan("own", "copy")])
+@pytest.mark.parametrize("rows", [1, 2, 7, 9, 12, 16, 25, 70])
+def test_every_plan_computes_what_the_module_computes_at_every_row_count(plan, rows):
+    """Rows past a multiple of 16 by more than 8 are padded inside the swapped product; past
+    FEW_ROWS every plan runs the module's own forward."""
+    model = text_model("Llama")
+    ids = torch.randint(3, 60, (1, rows))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        with LinearLayout(model).using(plan) as layout:
+            assert layout.plan == plan
+            got = model(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert (layout.bytes > 0) == plan.needs_copy  # a copy only where the plan runs it
+
+
+def test_a_plan_names_the_product_for_each_row_class():
+    assert SWAPPED.product(1) == "own" and SWAPPED.product(2) == SWAPPED.product(64) == "swapped"
+    assert SWAPPED.product(65) == TRANSPOSED.product(65) == "own"  # a prompt runs as generate runs it
+    assert TRANSPOSED.product(1) == TRANSPOSED.product(12) == "copy" and not SWAPPED.needs_copy
+    names = {"default": DEFAULT, "transposed": TRANSPOSED, "swapped": SWAPPED,
+             "transposed+swapped": Plan("copy", "swapped"), "transposed+default": Plan("copy", "own")}
+    for name, plan in names.items():
+        assert plan.name == name and Plan.named(name) == plan
+    with pytest.raises(ValueError, match="expected one of default, .*transposed\\+swapped; got 'fast'"):
+        Plan.named("fast")
+    with pytest.raises(ValueError, match="one in own, copy"):
+        Plan("swapped", "own")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
@@ -79,100 +112,118 @@ def test_layout_follows_weights_changed_in_place():
 def test_choose_measures_once_per_key_and_validates():
     model = text_model("Mistral")
     calls = []
-    probe = lambda: calls.append(1)  # noqa: E731
-    assert choose(model, probe, ("test", 1), "default") is None
-    assert isinstance(choose(model, probe, ("test", 1), "transposed"), LinearLayout)
-    assert calls == []  # explicit layouts are not measured
+    probe = lambda *sizes: calls.append(1)  # noqa: E731
+    assert choose(model, probe, ("test", 1), "default") == DEFAULT
+    assert choose(model, probe, ("test", 1), "transposed") == TRANSPOSED
+    assert choose(model, probe, ("test", 1), "transposed+swapped") == Plan("copy", "swapped")
+    assert calls == []  # named plans are not measured
     first = choose(model, probe, ("test", 2), "auto")
-    n = len(calls)
-    assert n in (4, 6)  # a warm-up, the copy's untimed first pass, one or two interleaved timings each way
-    again = choose(model, probe, ("test", 2), "auto")
-    assert len(calls) == n and (first is None) == (again is None)
-    with pytest.raises(ValueError, match="linear_layout: expected one of auto, default, transposed; got 'fast'"):
+    # A warm-up, the model's own products, the copy's untimed first pass, the trial plan (a
+    # probe that gives no sizes decides nothing, so no second round).
+    assert len(calls) == 4
+    assert choose(model, probe, ("test", 2), "auto") == first and len(calls) == 4
+    with pytest.raises(ValueError, match="linear_layout: expected one of auto, default, .*; got 'fast'"):
         choose(model, probe, ("test", 3), "fast")
 
 
-@pytest.mark.parametrize(("transposed_s", "pairs", "kept"), [(0.5, 1, True), (1.5, 2, False), (0.9, 2, True),
-                                                              (1.0, 2, False)])
-def test_one_pair_of_probe_passes_decides_only_a_wide_gain(monkeypatch, transposed_s, pairs, kept):
-    import recap.linear_layout as layouts
+def _fake_timings(monkeypatch, layout, own: dict, trial: dict, timed: list):
+    """The probe's passes take `own[n]` seconds in the model's own products and `trial[n]`
+    in the trial plan's (the copy for one row, swapped for more)."""
+    import recap.layout_choice as choice
 
-    model = text_model("Qwen2")
-    layout = layouts.layout_of(model)
+    def fake_time(probe, sizes):
+        timed.append((layout.plan.name, sizes))
+        return {n: (trial if layout.active else own)[n] for n in sizes}
+
+    monkeypatch.setattr(choice, "_time", fake_time)
+
+
+@pytest.mark.parametrize(("trial_s", "rounds", "plan"), [
+    (0.5, 1, "transposed+swapped"),  # a wide gain in both classes: one round decides
+    (1.5, 2, "default"),  # a loss is timed twice
+    (0.9, 2, "transposed+swapped"),  # a narrow gain too
+    (1.0, 2, "default"),
+])
+def test_one_round_of_probe_passes_decides_only_a_wide_gain(monkeypatch, trial_s, rounds, plan):
+    import recap.layout_choice as choice
+
+    model = copy.deepcopy(text_model("Qwen2"))
     timed = []
-
-    def fake_time(probe):  # the times, not the clock: a transposed pass takes `transposed_s`
-        probe()
-        timed.append(layout.active)
-        return {12: transposed_s if layout.active else 1.0}
-
-    monkeypatch.setattr(layouts, "_time", fake_time)
-    chosen = choose(model, lambda: None, ("pairs", transposed_s), "auto")
-    assert timed == [False, True] * pairs
-    assert (chosen is not None) == kept
+    _fake_timings(monkeypatch, choice.layout_of(model), dict.fromkeys((1, 4, 12), 1.0),
+                  dict.fromkeys((1, 4, 12), trial_s), timed)
+    assert choose(model, lambda *a: None, ("rounds", trial_s), "auto").name == plan
+    assert timed == [("default", (1, 4, 12)), ("transposed+swapped", (1, 4, 12))] * rounds
 
 
-def test_each_probe_size_counts_alike_whatever_its_pass_costs(monkeypatch):
-    """1 token 0.75x, 12 tokens 1.02x: a quarter off the small passes is kept, though the sum
-    of the two (0.975x) would hide it under the big pass's time."""
-    import recap.linear_layout as layouts
+def test_each_row_class_is_decided_and_retimed_on_its_own(monkeypatch):
+    """The copy takes 0.9x at one row (narrow: retimed), the swapped product 0.5x and 1.2x at
+    4 and 12 rows (0.77x over the class: decided at once, each size counting alike)."""
+    import recap.layout_choice as choice
 
-    model = text_model("Qwen2")
-    layout = layouts.layout_of(model)
-    monkeypatch.setattr(layouts, "_time", lambda probe: {1: 0.15, 12: 1.02} if layout.active else {1: 0.2, 12: 1.0})
-    assert choose(model, lambda: None, ("sizes", 1), "auto") is layout
-    monkeypatch.setattr(layouts, "_time", lambda probe: {1: 0.19, 12: 1.1} if layout.active else {1: 0.2, 12: 1.0})
-    assert choose(model, lambda: None, ("sizes", 2), "auto") is None  # 0.95x and 1.1x: 1.02x
+    model = copy.deepcopy(text_model("Qwen2"))
+    timed = []
+    _fake_timings(monkeypatch, choice.layout_of(model), {1: 0.2, 4: 0.4, 12: 1.0}, {1: 0.18, 4: 0.2, 12: 1.2},
+                  timed)
+    assert choose(model, lambda *a: None, ("classes", 1), "auto") == Plan("copy", "swapped")
+    assert timed[2:] == [("default", (1,)), ("transposed+swapped", (1,))]  # the one-row class only
+    timed.clear()
+    _fake_timings(monkeypatch, choice.layout_of(model), {1: 0.2, 4: 0.4, 12: 1.0}, {1: 0.2, 4: 0.36, 12: 1.1},
+                  timed)
+    assert choose(model, lambda *a: None, ("classes", 2), "auto") == DEFAULT  # 1.0x; 0.99x over 4 and 12
 
 
 def test_probe_times_come_from_the_probe_where_it_gives_them():
     """The probe's own figures (its passes, not the context it built first), else the clock."""
-    import recap.linear_layout as layouts
+    import recap.layout_choice as choice
 
-    assert layouts._time(lambda: {1: 0.25, 12: 0.5}) == {1: 0.25, 12: 0.5}
-    assert set(layouts._time(lambda: None)) == {0}
+    assert choice._time(lambda sizes: {n: n / 4 for n in sizes}, (1, 2)) == {1: 0.25, 2: 0.5}
+    assert set(choice._time(lambda sizes: None, (1,))) == {0}
 
 
 def test_a_warm_model_skips_the_warm_up_and_the_copy_is_warmed_untimed(monkeypatch):
-    import recap.linear_layout as layouts
+    import recap.layout_choice as choice
 
-    model = text_model("Llama")
-    layout = layouts.layout_of(model)
+    model = copy.deepcopy(text_model("Llama"))
+    layout = choice.layout_of(model)
     events = []
 
-    def fake_time(probe):
-        probe()
-        events.append(("timed", layout.active))
-        return {12: 0.5 if layout.active else 1.0}  # a decisive gain: one pair
+    def fake_time(probe, sizes):
+        events.append(("timed", layout.plan.name))
+        return {n: 0.5 if layout.active else 1.0 for n in sizes}  # a decisive gain: one round
 
-    monkeypatch.setattr(layouts, "_time", fake_time)
-    chosen = choose(model, lambda: None, ("warm", 1), "auto", warm=True,
-                    warm_copy=lambda: events.append(("warm copy", layout.active)))
-    assert events == [("timed", False), ("warm copy", True), ("timed", True)]
-    assert chosen is layout
+    monkeypatch.setattr(choice, "_time", fake_time)
+    chosen = choose(model, lambda *a: None, ("warm", 1), "auto", warm=True,
+                    warm_copy=lambda: events.append(("warm copy", layout.plan.name)))
+    assert events == [("timed", "default"), ("warm copy", "transposed+swapped"), ("timed", "transposed+swapped")]
+    assert chosen == Plan("copy", "swapped")
 
 
 @pytest.mark.parametrize("budget", [6, "auto"])
-def test_decoder_with_the_transposed_layout_equals_generate(budget):
+@pytest.mark.parametrize("layout", ["transposed", "swapped", "transposed+swapped"])
+def test_decoder_with_a_named_layout_equals_generate(budget, layout):
+    from recap.linear_layout import layout_of
+
     model, inputs = llava_inputs([5, 9], [21, 7, 33, 5, 9, 21, 7, 33])
     want = model.generate(**inputs, do_sample=False, max_new_tokens=20, pad_token_id=0)
-    dec = recap.Decoder(model, RecapConfig(budget=budget), linear_layout="transposed")
-    assert dec.linear_layout_used == "transposed"
+    dec = recap.Decoder(model, RecapConfig(budget=budget), linear_layout=layout)
+    assert dec.linear_layout_used == layout
     assert dec.generate(**inputs, max_new_tokens=20).tolist() == want.tolist()
-    assert all("forward" not in m.__dict__ for m in dec._layout.modules)  # only active inside generate
+    assert all("forward" not in m.__dict__ for m in layout_of(model).modules)  # only active inside generate
     with pytest.raises(ValueError, match="linear_layout"):
         recap.Decoder(model, linear_layout="fast")
 
 
 def test_auto_skips_a_copy_that_would_crowd_out_memory(monkeypatch):
-    import recap.linear_layout as layouts
+    import recap.layout_choice as choice
 
-    model = text_model("Gemma")
-    calls = []
-    monkeypatch.setattr(layouts, "available_memory", lambda: 1024)
-    assert choose(model, lambda: calls.append(1), ("test", 4), "auto") is None
-    assert calls == []  # not even measured
-    assert isinstance(choose(model, lambda: calls.append(1), ("test", 4), "transposed"), LinearLayout)
+    model = copy.deepcopy(text_model("Gemma"))
+    layout = choice.layout_of(model)
+    plans = []
+    monkeypatch.setattr(choice, "available_memory", lambda: 1024)
+    monkeypatch.setattr(choice, "_time", lambda probe, sizes: plans.append(layout.plan) or dict.fromkeys(sizes, 0.5))
+    assert choose(model, lambda *a: None, ("test", 4), "auto") == DEFAULT  # nothing was faster
+    assert plans == [DEFAULT, SWAPPED] * 2 and layout.bytes == 0  # only the swapped product was tried
+    assert choose(model, lambda *a: None, ("test", 4), "transposed") == TRANSPOSED  # named: taken as given
 
 
 def test_decoders_on_one_model_share_its_layout_and_survive_a_release():
@@ -183,7 +234,6 @@ def test_decoders_on_one_model_share_its_layout_and_survive_a_release():
     first = recap.Decoder(model, RecapConfig(budget=6), linear_layout="transposed")
     second = recap.Decoder(model, RecapConfig(budget=4), linear_layout="transposed")
     assert first.linear_layout_used == second.linear_layout_used == "transposed"  # chosen on first use
-    assert first._layout is second._layout is layout_of(model)
     with second.verifying():  # another decoder's call ending must not switch it off here
         assert first.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
         assert all("forward" in m.__dict__ for m in layout_of(model).modules)
@@ -262,7 +312,7 @@ def test_autograd_and_other_threads_run_the_modules_own_forward():
         out.backward()  # gradients flow: the transposed path is never used under autograd
         assert head.weight.grad is not None and head.weight.grad.abs().sum() > 0
         # Spy: zero the transposed copy, so the path each call takes shows in its output.
-        head.forward.wt = torch.zeros_like(head.forward.wt)
+        layout._copies[head.forward.index] = torch.zeros_like(layout._copies[head.forward.index])
         x = torch.randn(2, head.in_features, dtype=head.weight.dtype)
         with torch.no_grad():
             assert head(x).abs().sum() == 0  # this thread activated the layout: transposed path
@@ -281,7 +331,7 @@ def test_autograd_and_other_threads_run_the_modules_own_forward():
 def test_auto_defers_the_choice_past_a_models_first_request(monkeypatch):
     """A first request runs in the model's own layout (no weight copy, no layout timing); the
     model's next request, finding none running, makes the choice; outputs equal generate's."""
-    import recap.linear_layout as layouts
+    import recap.layout_choice as layouts
     from recap.linear_layout import layout_of
     from recap.model_state import state_of
 
@@ -293,7 +343,7 @@ def test_auto_defers_the_choice_past_a_models_first_request(monkeypatch):
     monkeypatch.setattr(layouts, "_measure", lambda *a: timed.append(1) or real(*a))
     dec = recap.Decoder(model, RecapConfig(budget="auto"), linear_layout="auto")
     assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
-    assert timed == [] and layout_of(model).bytes == 0 and dec._layout is None
+    assert timed == [] and layout_of(model).bytes == 0 and dec._plan == DEFAULT
     state = state_of(model)
     # Small trees only until the layout probe's 12 tokens: the conformance probe's own passes.
     assert dec._cost.points == [1, 6] and state.probe_passes.keys() == {1, 6}
@@ -306,23 +356,23 @@ def test_auto_defers_the_choice_past_a_models_first_request(monkeypatch):
     assert timed == [1] and len(state.layout_choice) == 1  # chosen once, for the model
     assert dec._cost.points == [1, 4, 12]
     chosen = next(iter(state.layout_choice.values()))
-    assert dec.linear_layout_used == ("transposed" if chosen else "default")
-    assert (layout_of(model).bytes > 0) == chosen and not dec._layout_pending  # a rejected copy is released
+    assert dec.linear_layout_used == chosen.name
+    assert (layout_of(model).bytes > 0) == chosen.needs_copy and not dec._layout_pending  # an unused copy is released
     other = recap.Decoder(model, RecapConfig(budget=4), linear_layout="auto")
     assert other.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
     assert timed == [1] and not other._layout_pending  # the model's decision: nothing left to defer
 
 
 def test_reading_the_layout_makes_the_deferred_choice_at_once(monkeypatch):
-    import recap.linear_layout as layouts
+    import recap.layout_choice as layouts
 
     model, inputs = llava_inputs([5, 9], [21, 7, 33, 5, 9, 21, 7, 33])
     model = copy.deepcopy(model)
-    monkeypatch.setattr(layouts, "_measure", lambda *a: True)  # transposed measured faster
+    monkeypatch.setattr(layouts, "_measure", lambda *a: SWAPPED)  # swapped measured faster
     dec = recap.Decoder(model, RecapConfig(budget="auto"), linear_layout="auto")
     dec.generate(**inputs, max_new_tokens=4)
-    assert dec._layout is None
-    assert dec.linear_layout_used == "transposed"  # decided now, not at the next request
+    assert dec._plan == DEFAULT
+    assert dec.linear_layout_used == "swapped"  # decided now, not at the next request
     assert dec.cost is dec._cost and dec._cost.points  # the curve in the layout chosen
     want = model.generate(**inputs, do_sample=False, max_new_tokens=12, pad_token_id=0)
     assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()

@@ -179,7 +179,7 @@ def test_recap_generate_takes_a_configuration_and_a_drafter_name():
 def test_a_deferred_layout_choice_is_made_once_while_concurrent_requests_wait(monkeypatch):
     import copy
 
-    import recap.linear_layout as layouts
+    import recap.layout_choice as layouts
     from recap.model_state import state_of
 
     model = copy.deepcopy(text_family("Llama"))  # nothing decided on it

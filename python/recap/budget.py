@@ -4,8 +4,8 @@ c(n) is the time of one verification pass over n tree tokens (root included), to
 device-to-host copy included, exactly as a decoding step runs it. At first use it is measured
 only for the small trees every request needs (POINTS: 1, 4 and 12 tokens, one pass each
 after a warm-up: the online corrections start from the first real passes, so a second
-timing would be replaced within a few steps anyway; the 12 is the linear-layout probe's
-where that ran), once per model, device, dtype, thread count and linear layout (cached with
+timing would be replaced within a few steps anyway; all three are the linear-layout
+probe's where that ran), once per model, device, dtype, thread count and linear layout (cached with
 the model and across processes, `recap.measurements`), and handed to the drafter
 (`Drafter.set_cost_points`).
 The controller itself is Rust (`recap_core::cost`, `recap_core::budget`): it corrects the
@@ -28,8 +28,8 @@ import torch
 from recap import measurements
 from recap.model_state import state_of
 
-# c(n) is near-linear between them; bigger sizes are added online. 1 and 12 are the
-# linear-layout probe's sizes (recap.linear_layout.PROBE_TOKENS): where it ran, its passes
+# c(n) is near-linear between them; bigger sizes are added online. They are the
+# linear-layout probe's sizes (recap.layout_choice.PROBE_TOKENS): where it ran, its passes
 # are the curve's points.
 POINTS = (1, 4, 12)
 # Context tokens in the cache while measuring (the online corrections follow real contexts).

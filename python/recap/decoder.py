@@ -18,7 +18,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from recap import drafters, seeding
+from recap import drafters, layout_choice, seeding
 from recap import linear_layout as layouts
 from recap._core import PersistentMemory
 from recap.acceptance import NodePicks
@@ -61,27 +61,27 @@ class _FirstUsePasses:
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
         self.built: ChainPasses | None = None
-        self.tokens: list[torch.Tensor] = []
-        # Probe times by layout (transposed?) and size.
-        self.seen: dict[bool, dict[int, list[float]]] = {False: {}, True: {}}
+        self.tokens: dict[int, torch.Tensor] = {}
+        # Probe times by the product a pass ran (`recap.linear_layout.PRODUCTS`) and its size.
+        self.seen: dict[tuple[str, int], list[float]] = {}
 
     def _passes(self) -> ChainPasses:
         if self.built is None:
             self.built = ChainPasses(self.decoder.model, _PassFactory(self.decoder),
-                                     max(*layouts.PROBE_TOKENS, _COST_POINTS[-1]))
+                                     max(*layout_choice.PROBE_TOKENS, _COST_POINTS[-1]))
         return self.built
 
-    def layout_probe(self) -> dict[int, float]:
-        """One verification pass of each size of `recap.linear_layout.PROBE_TOKENS`: seconds
-        by size, without the context the first call builds."""
+    def layout_probe(self, sizes: tuple[int, ...] = layout_choice.PROBE_TOKENS) -> dict[int, float]:
+        """One verification pass of each of `sizes` (`recap.layout_choice.PROBE_TOKENS`):
+        seconds by size, without the context the first call builds."""
         passes = self._passes()
-        if not self.tokens:
-            self.tokens = [passes.draw(n) for n in layouts.PROBE_TOKENS]
-        seen = self.seen[layouts.layout_of(self.decoder.model).active]
+        plan = layouts.layout_of(self.decoder.model).plan
         took = {}
-        for tokens in self.tokens:
-            took[tokens.shape[1]] = t = passes.run(tokens)
-            seen.setdefault(tokens.shape[1], []).append(t)
+        for n in sizes:
+            if n not in self.tokens:
+                self.tokens[n] = passes.draw(n)
+            took[n] = t = passes.run(self.tokens[n])
+            self.seen.setdefault((plan.product(n), n), []).append(t)
         return took
 
     def warm_copy(self) -> None:
@@ -91,9 +91,9 @@ class _FirstUsePasses:
         passes = self._passes()
         passes.run(passes.draw(1))
 
-    def known(self, transposed: bool) -> dict[int, float]:
-        """What the probe measured in the layout chosen: points of the cost curve."""
-        return {n: min(times) for n, times in self.seen[transposed].items()}
+    def known(self, plan: layouts.Plan) -> dict[int, float]:
+        """What the probe measured with the products `plan` runs: points of the cost curve."""
+        return {n: min(times) for (product, n), times in self.seen.items() if plan.product(n) == product}
 
 
 class Decoder:
@@ -111,10 +111,12 @@ class Decoder:
     buffers; only the prefill of a family that keeps per-request state on the model (M-RoPE
     offsets) is serialised.
 
-    ``linear_layout`` (``"auto"``, ``"default"``, ``"transposed"``): on a CPU, ``"auto"``
-    times one verification pass with the model's linear layers as they are and against a
-    transposed copy of their weights (see `recap.linear_layout`), and keeps the faster;
-    `linear_layout_used` says which. Other devices keep the model's own. Where nothing is
+    ``linear_layout`` (``"auto"`` or a plan's name: ``"default"``, ``"transposed"``,
+    ``"swapped"``, ``"transposed+swapped"``, ...): on a CPU, ``"auto"`` times verification
+    passes with the model's linear layers as they are, as the swapped product (W @ x^T) and
+    against a transposed copy of their weights (see `recap.linear_layout`), and keeps the
+    fastest for one row and for a tree's rows; `linear_layout_used` names the plan. Other
+    devices keep the model's own. Where nothing is
     decided for the model yet (in this process or the measurement store), the first request
     runs in the model's own layout and the choice is made before the model's next one (or
     when `linear_layout_used`, `cost`, `verifying()` or `calibrate()` is first used).
@@ -148,15 +150,16 @@ class Decoder:
         self._cost: CostModel | None = None
         self._batch_cost: BatchBudget | None = None
         # Construction runs no forward pass: the first use does (see _prepare).
-        if linear_layout not in layouts.LAYOUTS:
-            raise ValueError(f"linear_layout: expected one of {', '.join(layouts.LAYOUTS)}; got {linear_layout!r}")
+        if linear_layout not in layout_choice.LAYOUTS:
+            raise ValueError(f"linear_layout: expected one of {', '.join(layout_choice.LAYOUTS)}; "
+                             f"got {linear_layout!r}")
         self._linear_layout = linear_layout
         self._auto_budget = spec.adapts_budget and self.config.auto_budget
         # Only drafters with a persistent memory learn from the prompt's rows; the others'
         # prefill computes the head at the last position only, as generate's does.
         self._seeds = spec.uses_memory
         self._head_share: float | None = None  # what the first prefill seeds by (recap.seeding)
-        self._layout: layouts.LinearLayout | None = None
+        self._plan: layouts.Plan = layouts.DEFAULT  # the products its passes run (recap.linear_layout)
         self._layout_pending = False  # linear_layout="auto" not chosen yet (see _prepare)
         self._prepared = False
 
@@ -176,7 +179,7 @@ class Decoder:
             if self._prepared:
                 return
             warm = probe(self.adapter)  # tree passes equal one-token passes on this model, or a clear error
-            self._layout_pending = not settle and layouts.undecided(self.model, model_key(self.model),
+            self._layout_pending = not settle and layout_choice.undecided(self.model, model_key(self.model),
                                                                     self._linear_layout)
             if not self._layout_pending:
                 self._choose_layout(probe_warm=warm, curve_warm=warm)
@@ -196,16 +199,16 @@ class Decoder:
         return dict(warm=probed, points=_PENDING_POINTS)
 
     def _choose_layout(self, probe_warm: bool, curve_warm: bool) -> None:
-        """The linear layout (`recap.linear_layout.choose`) and, with budget="auto", the cost
-        curve at 1, 4 and 12 tokens in it: the layout probe's passes in the layout chosen are
-        its points, and in the model's own layout so are the points it had (a deferred
-        choice's), so at most one new pass. `*_warm`: the model has just run passes."""
+        """The linear layout (`recap.layout_choice.choose`) and, with budget="auto", the cost
+        curve at 1, 4 and 12 tokens in it: the layout probe's passes with the products the
+        plan runs are its points, and in the model's own layout so are the points it had (a
+        deferred choice's), so no new pass. `*_warm`: the model has just run passes."""
         passes = _FirstUsePasses(self)
-        self._layout = layouts.choose(self.model, passes.layout_probe, model_key(self.model), self._linear_layout,
-                                      warm=probe_warm, warm_copy=passes.warm_copy)
+        self._plan = layout_choice.choose(self.model, passes.layout_probe, model_key(self.model),
+                                          self._linear_layout, warm=probe_warm, warm_copy=passes.warm_copy)
         if self._auto_budget:
-            known = passes.known(self._layout is not None)
-            if self._layout is None and self._cost is not None:
+            known = passes.known(self._plan)
+            if self._plan == layouts.DEFAULT and self._cost is not None:
                 known = dict(zip(self._cost.points, self._cost.seconds, strict=True)) | known
             self._calibrate(passes=passes.built, known=known, warm=curve_warm)
             self._batch_cost = None
@@ -251,13 +254,14 @@ class Decoder:
 
     @property
     def linear_layout_used(self) -> str:
-        """"default" or "transposed": the layout this decoder's passes run in (reading it makes
-        a choice that `generate` would defer to a later request)."""
+        """The name of the plan this decoder's passes run ("default", "swapped",
+        "transposed+swapped", ...: `recap.linear_layout.Plan`; reading it makes a choice that
+        `generate` would defer to a later request)."""
         self._prepare(settle=True)
         return self._layout_name()
 
     def _layout_name(self) -> str:
-        return "default" if self._layout is None else "transposed"
+        return self._plan.name
 
     @property
     def cost(self) -> CostModel | None:
@@ -274,7 +278,9 @@ class Decoder:
         return self._layout_context()
 
     def _layout_context(self):
-        return self._layout if self._layout is not None else contextlib.nullcontext()
+        if self._plan == layouts.DEFAULT:
+            return contextlib.nullcontext()
+        return layouts.layout_of(self.model).using(self._plan)
 
     # ---- hardware-aware budget ----------------------------------------------------------
     def calibrate(self, refresh: bool = False) -> CostModel:

@@ -1,40 +1,85 @@
-"""Runs a model's linear layers against a transposed copy of their weights, when that is faster.
+"""Runs a model's linear layers as whichever product of the same weights is fastest for the
+number of rows a pass multiplies.
 
-A verification pass multiplies a few rows (the tree's 2-64 tokens) by every weight matrix.
-Some CPU BLAS builds are much slower for such small-M products against PyTorch's [out, in]
-weight layout than against [in, out]: with MKL 2024.2 on 2 threads, SmolLM2's LM head
-(49152 x 576) takes 21 ms for 8 rows as `linear(x, W)` and 12 ms as `x @ W.T.contiguous()`,
-while a single row costs the same either way (with torch 2.15 on the same VM, whole passes
-of SmolLM2 past one token are faster in the model's own layout, and the probe keeps it).
-`LinearLayout` keeps a contiguous W^T per layer (extra memory: one copy of the linear
-weights) and, while active, routes each `nn.Linear` through it. The weights themselves are
-never modified. Whether to use it is measured per model, device, dtype and thread count on
-real verification passes.
+A verification pass multiplies a few rows (the tree's 2-64 tokens) by every weight matrix, and
+CPU BLAS builds differ widely in how fast they do that for each way of writing the product.
+With MKL 2024.2 on 2 threads and SmolLM2-135M, a whole verification pass of 4 tokens takes
+90 ms as the model's own `linear(x, W)` (x @ W^T), 97 ms as `x @ W.T.contiguous()` (a copy)
+and 66 ms as `(W @ x^T)^T` (no copy); one token takes 56, 49 and 56 ms. The products:
+
+- ``own``: the module's own forward.
+- ``copy``: x @ (a contiguous copy of W^T); extra memory: one copy of the linear weights.
+- ``swapped``: (W @ x^T)^T on the weight as it is (no copy): used for 2..FEW_ROWS rows only.
+
+A `Plan` names the product for one row and the one for 2..FEW_ROWS rows; past FEW_ROWS (a
+prefill) every plan runs the module's own forward, so prompts are processed as `generate`
+processes them. The weights themselves are never modified. Which plan to use is measured per
+model, device, dtype and thread count on real verification passes.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import os
 import threading
-import time
+from dataclasses import dataclass
 
 import torch
 
-from recap import measurements
 from recap._core import transpose_into
 from recap.model_state import state_of
 
-LAYOUTS = ("auto", "default", "transposed")
-GAIN = 0.95  # use the transposed layout only if a pass takes at most this share of the time
-# Rows of the probe's passes: the two ends of what decoding runs on a CPU (one token where
-# drafts do not pay, a typical tree where they do). One size alone misleads: on the
-# 0.5B-shaped model one afternoon the transposed layout took 0.77x the time at 1 token and
-# 0.95x at 12, and decoding ran 20% faster in it.
-PROBE_TOKENS = (1, 12)
-DECISIVE = 0.8  # one pair of probe passes decides when the transposed takes at most this share of the time
-MEMORY_SHARE = 0.5  # "auto" never spends more than this share of available memory on the copy
+PRODUCTS = ("own", "copy", "swapped")
+FEW_ROWS = 64  # the most rows the swapped product runs for: past it (a prompt) MKL's own is faster
+_NAMES = {"own": "default", "copy": "transposed", "swapped": "swapped"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The product a pass of one row runs (`one`: own or copy) and the one a pass of
+    2..FEW_ROWS rows runs (`few`: own, copy or swapped)."""
+
+    one: str = "own"
+    few: str = "own"
+
+    def __post_init__(self) -> None:
+        if self.one not in ("own", "copy") or self.few not in PRODUCTS:
+            raise ValueError(f"Plan: expected one in own, copy and few in {', '.join(PRODUCTS)}; "
+                             f"got one={self.one!r}, few={self.few!r}")
+
+    def product(self, rows: int) -> str:
+        if rows < 2:
+            return self.one if rows == 1 else "own"
+        return self.few if rows <= FEW_ROWS else "own"
+
+    @property
+    def needs_copy(self) -> bool:
+        return "copy" in (self.one, self.few)
+
+    @property
+    def name(self) -> str:
+        """"default", "transposed" or "swapped" where one product serves both (a swapped
+        product of one row is the own), else the one-row product's name and the few-row
+        one's joined by "+" ("transposed+swapped")."""
+        one, few = _NAMES[self.one], _NAMES[self.few]
+        if one == few or self.few == "swapped" and self.one == "own":  # one row: swapped is own
+            return few
+        return f"{one}+{few}"
+
+    @staticmethod
+    def named(name: str) -> Plan:
+        """The plan `name` names (what `name` gives back)."""
+        for one in ("own", "copy"):
+            for few in PRODUCTS:
+                if Plan(one, few).name == name:
+                    return Plan(one, few)
+        raise ValueError(f"linear layout: expected one of {', '.join(PLAN_NAMES)}; got {name!r}")
+
+
+DEFAULT = Plan("own", "own")
+TRANSPOSED = Plan("copy", "copy")
+SWAPPED = Plan("own", "swapped")
+PLAN_NAMES = tuple(Plan(one, few).name for one in ("own", "copy") for few in PRODUCTS)
 
 
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # a weight's bits, by element size
@@ -63,23 +108,43 @@ def available_memory() -> int:
         return 1 << 62
 
 
-class _TransposedForward:
-    """A module's forward while its layout is active: x @ (a copy of W^T) + b, but only for
-    the threads that activated the layout and only without autograd; any other call (another
-    thread using the model meanwhile, a backward pass to come) runs the module's own forward,
-    so no gradient is cut and nobody else sees the swapped path."""
+def _swapped(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x @ w^T as (w @ x^T)^T, contiguous (the next reshapes expect it and run faster on it).
+    Rows past a multiple of 16 by more than 8 are padded with zeros to the next one: MKL's
+    product runs blocks of 16 rows fast and the rest slowly (SmolLM2's MLP up-projection:
+    451 us at 12 rows, 254 at 16; its head 17.9 ms and 13.6)."""
+    n = x.shape[0]
+    if n % 16 > 8:
+        x = torch.cat([x, x.new_zeros(16 - n % 16, x.shape[1])])
+        return torch.mm(w, x.t())[:, :n].t().contiguous()
+    return torch.mm(w, x.t()).t().contiguous()
 
-    def __init__(self, module: torch.nn.Linear, wt: torch.Tensor, layout: LinearLayout) -> None:
+
+class _RoutedForward:
+    """A module's forward while its layout is active: the product the plan of the calling
+    thread names for the rows of `x`, but only for threads that activated the layout and only
+    without autograd; any other call (another thread using the model meanwhile, a backward
+    pass to come) runs the module's own forward, so no gradient is cut and nobody else sees
+    another path."""
+
+    def __init__(self, module: torch.nn.Linear, index: int, layout: LinearLayout) -> None:
         self.module = module
-        self.wt = wt
+        self.index = index  # of the module's copy in the layout's copies
         self.layout = layout
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = self.module
-        if threading.get_ident() not in self.layout._threads or (
-                torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad)):
+        plans = self.layout._threads.get(threading.get_ident())
+        if not plans or (torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad)):
             return type(m).forward(m, x)
-        y = x @ self.wt
+        rows = x.numel() // x.shape[-1] if x.numel() else 0
+        product = plans[-1].product(rows)
+        if product == "copy":
+            y = x @ self.layout._copies[self.index]
+        elif product == "swapped":
+            y = _swapped(m.weight, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], m.weight.shape[0])
+        else:
+            return type(m).forward(m, x)
         return y if m.bias is None else y + m.bias
 
     def __deepcopy__(self, memo) -> _OwnForward:
@@ -89,7 +154,7 @@ class _TransposedForward:
 
 
 class _OwnForward:
-    """The module's own forward, standing in for a transposed one inside a deepcopy."""
+    """The module's own forward, standing in for a routed one inside a deepcopy."""
 
     def __init__(self, module: torch.nn.Linear) -> None:
         self.module = module
@@ -106,12 +171,14 @@ def _patchable(m: torch.nn.Module) -> bool:
 
 
 class LinearLayout:
-    """Context manager: while active, every `nn.Linear` of `model` runs as x @ W^T (copy).
+    """While a plan is active (`using(plan)`), every `nn.Linear` of `model` runs the product
+    the plan names for its rows; `with layout:` activates TRANSPOSED.
 
     One per model (`layout_of`), shared by every decoder on it: activations nest and count
-    across decoders and threads, so one decoder finishing never switches the layout off under
-    another. Each layout owns its copies, so another layout on the same model (or its release)
-    cannot take them away."""
+    across decoders and threads (each thread runs its innermost plan), so one decoder
+    finishing never switches the layout off under another. Each layout owns its copies of
+    W^T (made when a plan that needs them is first activated), so another layout on the same
+    model (or its release) cannot take them away."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.modules: list[torch.nn.Linear] = [m for m in model.modules()
@@ -119,7 +186,7 @@ class LinearLayout:
         self._copies: list[torch.Tensor] = []
         self._versions: list[int] = []
         self._depth = 0
-        self._threads: dict[int, int] = {}  # activations per thread
+        self._threads: dict[int, list[Plan]] = {}  # each thread's active plans, innermost last
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:  # copy.deepcopy(model) copies the layout with it: inactive, no copies
@@ -137,8 +204,14 @@ class LinearLayout:
 
     @property
     def active(self) -> bool:
-        """Whether this thread's linear layers run transposed now."""
+        """Whether this thread's linear layers run a plan now."""
         return threading.get_ident() in self._threads
+
+    @property
+    def plan(self) -> Plan:
+        """The plan this thread's linear layers run now (DEFAULT where none is active)."""
+        plans = self._threads.get(threading.get_ident())
+        return plans[-1] if plans else DEFAULT
 
     @property
     def bytes(self) -> int:
@@ -151,37 +224,60 @@ class LinearLayout:
                 self._copies = [transposed(m.weight) for m in self.modules]
             self._versions = versions
 
+    def using(self, plan: Plan) -> _Activation:
+        """A context in which this thread's linear layers run `plan`."""
+        return _Activation(self, plan)
+
     def __enter__(self) -> LinearLayout:
-        with self._lock:
-            if self._depth == 0:
-                self._refresh()
-                for m, wt in zip(self.modules, self._copies, strict=True):
-                    if _patchable(m):  # hooks added since are left alone
-                        m.forward = _TransposedForward(m, wt, self)  # type: ignore[method-assign,assignment]
-            self._depth += 1
-            me = threading.get_ident()
-            self._threads[me] = self._threads.get(me, 0) + 1
+        self._enter(TRANSPOSED)
         return self
 
     def __exit__(self, *exc) -> None:
+        self._exit()
+
+    def _enter(self, plan: Plan) -> None:
+        with self._lock:
+            if plan.needs_copy:
+                self._refresh()
+            if self._depth == 0:
+                for i, m in enumerate(self.modules):
+                    if _patchable(m):  # hooks added since are left alone
+                        m.forward = _RoutedForward(m, i, self)  # type: ignore[method-assign,assignment]
+            self._depth += 1
+            self._threads.setdefault(threading.get_ident(), []).append(plan)
+
+    def _exit(self) -> None:
         with self._lock:
             me = threading.get_ident()
-            self._threads[me] -= 1
+            self._threads[me].pop()
             if not self._threads[me]:
                 del self._threads[me]
             self._depth -= 1
             if self._depth == 0:
                 for m in self.modules:
-                    if isinstance(m.__dict__.get("forward"), _TransposedForward):
+                    if isinstance(m.__dict__.get("forward"), _RoutedForward):
                         del m.__dict__["forward"]
 
     def release(self) -> None:
-        """Drops the transposed copies (unless active; the next activation rebuilds them)."""
+        """Drops the transposed copies (unless active; the next activation that needs them
+        rebuilds them)."""
         with self._lock:
             if self._depth:
                 return
             self._copies = []
             self._versions = []
+
+
+class _Activation:
+    def __init__(self, layout: LinearLayout, plan: Plan) -> None:
+        self.layout, self.plan = layout, plan
+
+    def __enter__(self) -> LinearLayout:
+        self.layout._enter(self.plan)
+        return self.layout
+
+    def __exit__(self, *exc) -> None:
+        self.layout._exit()
 
 
 def layout_of(model: torch.nn.Module) -> LinearLayout:
@@ -190,100 +286,3 @@ def layout_of(model: torch.nn.Module) -> LinearLayout:
     if state.layout is None:
         state.layout = LinearLayout(model)
     return state.layout
-
-
-def choose(model: torch.nn.Module, probe, key: tuple, layout: str, *, warm: bool = False,
-           warm_copy=None) -> LinearLayout | None:
-    """The layout to verify with: None for the model's own. "auto" measures `probe()` (one
-    verification pass of each of PROBE_TOKENS' sizes) both ways, in two interleaved pairs
-    (one where the first shows a DECISIVE gain), on CPU models whose weight copy fits in
-    MEMORY_SHARE of the available memory, once per `key`; other devices keep their own. `warm`: the model has just run
-    passes (the conformance probe), so the probe needs no warm-up of its own.
-    `warm_copy()` runs once in the transposed layout right after the copy is made, untimed
-    (default: `probe()`): the copy's first pass is the slow one (0.29 s against 0.21 s later
-    on the 0.5B-shaped model), and a timing that took it would keep the slower layout."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"linear_layout: expected one of {', '.join(LAYOUTS)}; got {layout!r}")
-    if layout == "default":
-        return None
-    candidate = layout_of(model)
-    if layout == "transposed":
-        return candidate
-    if not _eligible(model, candidate):
-        return None
-    decisions = state_of(model).layout_choice
-    if key not in decisions:
-        kept = _stored(model)
-        if kept is not None:
-            decisions[key] = kept
-        else:
-            decisions[key] = _measure(candidate, probe, warm, warm_copy or probe)
-            measurements.store(_stored_as(model), decisions[key])
-    if decisions[key]:
-        return candidate
-    candidate.release()
-    return None
-
-
-def undecided(model: torch.nn.Module, key: tuple, layout: str) -> bool:
-    """Whether `choose(model, ..., key, layout)` would time passes: "auto" on a CPU model
-    whose copy fits, with no decision for `key` in this process or the measurement store."""
-    if layout != "auto" or key in state_of(model).layout_choice:
-        return False
-    return _eligible(model, layout_of(model)) and _stored(model) is None
-
-
-def _eligible(model: torch.nn.Module, candidate: LinearLayout) -> bool:
-    """A CPU model with linear layers to transpose, whose copy would not crowd out the rest
-    of the machine (then a faster pass is not worth it)."""
-    if next(model.parameters()).device.type != "cpu" or not candidate.modules:
-        return False
-    copy = sum(int(m.weight.numel()) * int(m.weight.element_size()) for m in candidate.modules)
-    return copy <= MEMORY_SHARE * available_memory()
-
-
-def _stored_as(model: torch.nn.Module) -> str:
-    """The store's name for the model's decision, by what the probe times: a decision taken by
-    another probe (one 12-token pass, timed with its context's prefill) is taken again."""
-    return measurements.key(model, "layout", ("probe", *PROBE_TOKENS))
-
-
-def _stored(model: torch.nn.Module) -> bool | None:
-    """The decision an earlier process stored for this model, or None."""
-    kept = measurements.load(_stored_as(model))
-    return kept if isinstance(kept, bool) else None
-
-
-def _measure(candidate: LinearLayout, probe, warm: bool, warm_copy) -> bool:
-    """Whether the transposed layout is GAIN faster on `probe`, timed in interleaved pairs."""
-    if not warm:
-        probe()  # warm-up (builds the probe's context)
-    own: list[dict[int, float]] = []
-    flipped: list[dict[int, float]] = []
-    for _ in range(2):  # interleaved, so a disturbance touches both layouts
-        own.append(_time(probe))
-        with candidate:
-            if not flipped:
-                warm_copy()
-            flipped.append(_time(probe))
-        # A gain this wide is not noise; a loss is timed twice (keeping the slower
-        # layout for good costs more than a copy kept for nothing).
-        if _ratio(flipped, own) <= DECISIVE:
-            break
-    return _ratio(flipped, own) <= GAIN
-
-
-def _ratio(flipped: list[dict[int, float]], own: list[dict[int, float]]) -> float:
-    """The transposed layout's time over the model's own: per pass size, the least of each
-    layout's timings (noise only adds time); over the sizes, the geometric mean, so each end
-    of what decoding runs counts alike whatever its pass costs."""
-    logs = [math.log(min(t[n] for t in flipped) / min(t[n] for t in own)) for n in own[0]]
-    return math.exp(sum(logs) / len(logs))
-
-
-def _time(probe) -> dict[int, float]:
-    """Seconds by pass size where `probe()` returns them (its passes' own, not what it built
-    before them, such as its context), else the whole call's (as size 0)."""
-    t = time.perf_counter()
-    measured = probe()
-    return measured if isinstance(measured, dict) else {0: time.perf_counter() - t}

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # only for the field types: the holder imports nothing at run
     from recap.budget import CostModel
     from recap.catchup.router import Router
     from recap.decoder import Decoder
-    from recap.linear_layout import LinearLayout
+    from recap.linear_layout import LinearLayout, Plan
 
 _ATTR = "_recap_state"
 _CREATE = threading.Lock()
@@ -30,7 +30,7 @@ class ModelState:
         self.router: Router | None = None
         self.prefill_lock = threading.Lock()
         self.layout: LinearLayout | None = None
-        self.layout_choice: dict[tuple, bool] = {}  # (device, dtype, threads) -> transposed is faster
+        self.layout_choice: dict[tuple, Plan] = {}  # (device, dtype, threads) -> the plan measured fastest
         self.cost_curves: dict[tuple, CostModel] = {}  # (device, dtype, threads, layout)
         self.conformance: tuple | None = None  # (dtype, device) the probe passed in
         self.probe_passes: dict[int, float] = {}  # its timed passes, seconds by tree size
