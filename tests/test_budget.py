@@ -143,7 +143,7 @@ def test_suffix_chain_adapts_only_with_the_automatic_budget():
 def test_first_use_prices_the_layout_probes_sizes_by_the_probes_own_passes(monkeypatch):
     import copy
 
-    from recap import layout_choice, linear_layout
+    from recap import budget, layout_choice, linear_layout
     from recap.budget import ChainPasses
 
     model = copy.deepcopy(text_model("Qwen2"))  # nothing measured on it yet
@@ -164,13 +164,13 @@ def test_first_use_prices_the_layout_probes_sizes_by_the_probes_own_passes(monke
     def probe(size):
         return [t for n, product, t in runs if n == size and product == plan.product(size)]
 
-    assert layout_choice.PROBE_TOKENS == (1, 4, 12)
-    assert cost.points == [1, 4, 12] and cost.seconds == [min(probe(n)) for n in (1, 4, 12)]
+    assert layout_choice.PROBE_TOKENS == tuple(budget.POINTS) == (1, 4, 16)
+    assert cost.points == [1, 4, 16] and cost.seconds == [min(probe(n)) for n in (1, 4, 16)]
     # The probe ran every size in the model's own products and in the trial plan's (one or
     # two rounds; no warm-up, since the conformance probe had just run the model); the
     # transposed copy's first pass was one untimed token; the curve added no pass.
     sizes = [n for n, _, _ in runs]
-    assert sizes.count(4) == sizes.count(12) in (2, 4) and sizes.count(1) in (3, 5)
+    assert sizes.count(4) == sizes.count(16) in (2, 4) and sizes.count(1) in (3, 5)
     assert [product for n, product, _ in runs if n == 1][1] == "copy"  # the copy's warm-up
 
 
@@ -221,7 +221,7 @@ def test_decoding_replaces_a_wrong_stored_curve_for_the_next_process(tmp_path, m
     monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
     model = copy.deepcopy(text_model("Qwen2"))
     stored_as = measurements.key(model, "cost", ("default",))
-    measurements.store(stored_as, {"points": [1, 4, 12], "seconds": [5.0, 6.0, 7.0]})  # seconds, not ms
+    measurements.store(stored_as, {"points": [1, 4, 16], "seconds": [5.0, 6.0, 7.0]})  # seconds, not ms
     prompt = torch.tensor([[5, 9, 14, 21, 7, 33, 5, 9, 14, 21]])
     want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=120,
                           min_new_tokens=120, do_sample=False)
@@ -234,7 +234,7 @@ def test_decoding_replaces_a_wrong_stored_curve_for_the_next_process(tmp_path, m
             assert dec.cost.seconds == [5.0, 6.0, 7.0]  # not judged on a few steps
     assert dec.last_stats.cost["observed_steps"] >= budget.HEAL_AFTER
     real = dec.last_stats.cost
-    assert dec.cost.seconds[0] < 0.5 and dec.cost.points[:3] == [1, 4, 12]
+    assert dec.cost.seconds[0] < 0.5 and dec.cost.points[:3] == [1, 4, 16]
     # What the controller prices a one-token pass at now (within what heals again), through
     # the curve's monotone envelope, as heal stores it: a one-token pass that timing noise
     # made dearer than a bigger pass takes the bigger pass's time.

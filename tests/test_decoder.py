@@ -165,7 +165,7 @@ def test_construction_runs_no_forward_pass_and_first_use_prepares():
         # most three steps: the layout choice waits for a later request.
         first = len(calls)
         assert 6 <= first <= 8 and dec._cost.points == [1, 6]
-        assert dec.cost.points == [1, 4, 12] and len(calls) > first + 4  # reading it makes the choice
+        assert dec.cost.points == [1, 4, 16] and len(calls) > first + 4  # reading it makes the choice
     finally:
         handle.remove()
 

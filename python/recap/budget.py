@@ -2,7 +2,7 @@
 
 c(n) is the time of one verification pass over n tree tokens (root included), top-k and the
 device-to-host copy included, exactly as a decoding step runs it. At first use it is measured
-only for the small trees every request needs (POINTS: 1, 4 and 12 tokens, one pass each
+only for the small trees every request needs (POINTS: 1, 4 and 16 tokens, one pass each
 after a warm-up: the online corrections start from the first real passes, so a second
 timing would be replaced within a few steps anyway; all three are the linear-layout
 probe's where that ran), once per model, device, dtype, thread count and linear layout (cached with
@@ -31,7 +31,10 @@ from recap.model_state import state_of
 # c(n) is near-linear between them; bigger sizes are added online. They are the
 # linear-layout probe's sizes (recap.layout_choice.PROBE_TOKENS): where it ran, its passes
 # are the curve's points.
-POINTS = (1, 4, 12)
+# 16, not 12: past its last point the curve extrapolates the last segment's slope, and the
+# blocks of 16 rows MKL multiplies fast (recap.linear_layout) make c(12) near c(16): from
+# (4, 12) SmolLM2's slope priced 32 tokens at 1.6x what they cost, from (4, 16) at 1.15x.
+POINTS = (1, 4, 16)
 # Context tokens in the cache while measuring (the online corrections follow real contexts).
 # Its prefill is a first-use cost: 64 tokens took 0.35 s on the 0.5B-shaped model, 16 take 0.23.
 CALIBRATION_PAST = 16

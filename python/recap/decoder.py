@@ -38,7 +38,7 @@ from recap.tree_pass import TreePass
 
 # The cost curve's sizes while the linear layout's choice waits and the conformance probe's
 # passes are not at hand: each pass is one more first-use cost (0.3 s at 12 tokens on the
-# 0.5B-shaped model), and the layout probe measures 12 tokens anyway.
+# 0.5B-shaped model), and the layout probe measures 16 tokens anyway.
 _PENDING_POINTS = (1, 4)
 
 
@@ -192,7 +192,7 @@ class Decoder:
     def _pending_curve(self, probed: bool) -> dict:
         """How to take the cost curve while the layout choice waits: small trees only, from
         the conformance probe's own passes where it has just run (no pass of its own), else
-        from passes at _PENDING_POINTS; the layout probe adds 12 tokens later."""
+        from passes at _PENDING_POINTS; the layout probe adds 16 tokens later."""
         timed = state_of(self.model).probe_passes
         if probed and timed:
             return dict(known=dict(timed), points=tuple(sorted(timed)))
@@ -200,7 +200,7 @@ class Decoder:
 
     def _choose_layout(self, probe_warm: bool, curve_warm: bool) -> None:
         """The linear layout (`recap.layout_choice.choose`) and, with budget="auto", the cost
-        curve at 1, 4 and 12 tokens in it: the layout probe's passes with the products the
+        curve at 1, 4 and 16 tokens in it: the layout probe's passes with the products the
         plan runs are its points, and in the model's own layout so are the points it had (a
         deferred choice's), so no new pass. `*_warm`: the model has just run passes."""
         passes = _FirstUsePasses(self)

@@ -23,8 +23,9 @@ LAYOUTS = ("auto", *PLAN_NAMES)
 GAIN = 0.95  # a product replaces the model's own only if its passes take at most this share of the time
 # Rows of the probe's passes: one token (where drafts do not pay) and the small trees every
 # request runs (the cost curve's first points, so the curve needs no pass of its own). One
-# size alone misleads: MKL's swapped product takes 0.73x the time at 4 rows and 0.92x at 12.
-PROBE_TOKENS = (1, 4, 12)
+# size alone misleads: MKL's swapped product without padding took 0.73x the time at 4
+# rows and 0.92x at 12. They are the cost curve's points (recap.budget.POINTS).
+PROBE_TOKENS = (1, 4, 16)
 DECISIVE = 0.8  # one round of probe passes decides a class whose best product takes at most this share
 MEMORY_SHARE = 0.5  # "auto" never spends more than this share of available memory on the copy
 
