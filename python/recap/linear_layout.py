@@ -69,17 +69,16 @@ class Plan:
     @staticmethod
     def named(name: str) -> Plan:
         """The plan `name` names (what `name` gives back)."""
-        for one in ("own", "copy"):
-            for few in PRODUCTS:
-                if Plan(one, few).name == name:
-                    return Plan(one, few)
-        raise ValueError(f"linear layout: expected one of {', '.join(PLAN_NAMES)}; got {name!r}")
+        if name not in _BY_NAME:
+            raise ValueError(f"linear layout: expected one of {', '.join(PLAN_NAMES)}; got {name!r}")
+        return _BY_NAME[name]
 
 
 DEFAULT = Plan("own", "own")
 TRANSPOSED = Plan("copy", "copy")
 SWAPPED = Plan("own", "swapped")
-PLAN_NAMES = tuple(Plan(one, few).name for one in ("own", "copy") for few in PRODUCTS)
+_BY_NAME = {plan.name: plan for plan in (Plan(one, few) for one in ("own", "copy") for few in PRODUCTS)}
+PLAN_NAMES = tuple(_BY_NAME)
 
 
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # a weight's bits, by element size
