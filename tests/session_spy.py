@@ -5,7 +5,8 @@ import numpy as np
 
 
 class SessionSpy:
-    """Forwards everything to the real session; records seed rows and drafted trees."""
+    """Forwards everything to the real session; records seed rows, drafted trees, their
+    deepest depth and the history they were drafted from."""
 
     def __init__(self, inner, log):
         self._inner, self._log = inner, log
@@ -16,8 +17,15 @@ class SessionSpy:
         return self._inner.seed(ids, probs, start)
 
     def propose_into(self, tokens, *args):
-        n, deepest = self._inner.propose_into(tokens, *args)
+        return self._record(tokens, *self._inner.propose_into(tokens, *args))
+
+    def cut_into(self, nodes, tokens, *args):
+        return self._record(tokens, *self._inner.cut_into(nodes, tokens, *args))
+
+    def _record(self, tokens, n, deepest):
         self._log.trees.append(tokens[:n].copy())
+        self._log.depths.append(deepest)
+        self._log.histories.append(len(self._inner.history))
         return n, deepest
 
     def __enter__(self):
@@ -35,6 +43,7 @@ class DrafterSpy:
 
     def __init__(self, inner):
         self._inner, self.seeded, self.trees, self.starts = inner, [], [], []
+        self.depths, self.histories = [], []
 
     def session(self, **kwargs):
         return SessionSpy(self._inner.session(**kwargs), self)

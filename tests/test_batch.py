@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recap.batch_budget import BatchBudget
 from recap.budget import CostModel
+from session_spy import DrafterSpy
 from tiny_models import TEXT_FAMILIES, gemma3_vl_inputs, llava_inputs, qwen_vl_inputs, text_family
 
 PAD = 0
@@ -114,6 +115,21 @@ def test_property_every_row_equals_its_own_generate(lengths, eos, drafter, budge
     batched = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=PAD,
                              max_new_tokens=NEW, eos_token_id=eos)
     assert torch.equal(out, batched)
+
+
+@pytest.mark.parametrize("drafter, budget", [("pld", None), ("recap", "auto"), ("recap", 16)])
+def test_no_row_drafts_past_the_length_limit(drafter, budget):
+    model = text_family("Llama")
+    rows = [[5, 6, 7, 8, 9, 10] * 5, [20, 21, 22, 23, 24] * 6]  # both 30 tokens, both repeating
+    ids, mask = left_pad(rows)
+    for max_new in (4, 9):
+        dec = recap.Decoder(model, recap.RecapConfig(budget=budget) if budget else None, drafter=drafter)
+        spy = DrafterSpy.install(dec)
+        expected = one_by_one(model, [dict(input_ids=torch.tensor([r])) for r in rows])
+        out = dec.generate(ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=PAD)
+        assert_rows(out, ids.shape[1], [e[:max_new] for e in expected])
+        done = [h - 30 for h in spy.histories]
+        assert spy.depths and all(d <= max_new - n - 1 for d, n in zip(spy.depths, done, strict=True))
 
 
 def test_sampling_row_i_equals_batch_1_with_its_seed():

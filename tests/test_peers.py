@@ -122,6 +122,36 @@ def test_every_drafter_equals_greedy_across_requests(name, first, second, budget
             assert s.steps == s.new_tokens - 1 and s.tau == 1.0
 
 
+@pytest.mark.parametrize("name", ["pld", "sam", "recap"])
+def test_no_draft_reaches_past_the_length_limit(name):
+    # A prompt that repeats itself: prompt lookup and SAM offer chains at most steps.
+    model = text_model("Llama")
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12] * 4
+    ids = torch.tensor([prompt])
+
+    def run(max_new):
+        """Each tree's deepest depth and the tokens committed when it was drafted."""
+        dec = recap.Decoder(model, RecapConfig(budget=32), drafter=name)
+        spy = DrafterSpy.install(dec)
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=max_new, eos_token_id=None, pad_token_id=0)
+        assert dec.generate(ids, max_new_tokens=max_new, eos_token_id=None).tolist() == want.tolist()
+        done = [h - len(prompt) for h in spy.histories]
+        # A path of depth d commits d + 1 tokens: no tree reaches deeper than what is left.
+        assert all(d <= max_new - n - 1 for d, n in zip(spy.depths, done, strict=True)), (spy.depths, done)
+        return spy.depths, done
+
+    depths, done = run(40)
+    deep = [i for i, d in enumerate(depths) if d >= 2]
+    if name == "recap" and not deep:
+        pytest.skip("RECAP's memories drafted nothing deep on this random model")
+    assert deep, depths
+    # The same request stopped two tokens after that step: the same tree, cut to depth 1.
+    i = deep[0]
+    cut_depths, cut_done = run(done[i] + 2)
+    assert cut_done[: i + 1] == done[: i + 1] and cut_depths[i] == 1
+
+
 @pytest.mark.parametrize("name", ["pld", "tr", "sam_tr", "suffix"])
 def test_peers_never_draft_image_placeholders(name):
     model, inputs = llava_inputs([5, 6], [7, 8, 7, 8, 7, 8])

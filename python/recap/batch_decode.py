@@ -62,6 +62,7 @@ def decode_batch(decoder, req, sessions: list) -> Any:
         row.out.append(first)
         if not _finished(decoder, req, row, first):
             row.session.begin(np.asarray(row.prompt + [first], dtype=np.int64))
+            row.session.limit_new_tokens(req.max_new - len(row.out))
             row.session.seed(*seeds[b])
             if not row.chooser.plain_greedy:
                 row.picks = NodePicks(row.chooser, row.padded + row.out, capacity, max_nodes, tp.device)

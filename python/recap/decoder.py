@@ -431,6 +431,7 @@ class Decoder:
             streamer.put(torch.tensor([first]))
         if not (first in eos or len(out) >= max_new or self._stop(req, prompt, out)):
             session.begin(np.asarray(prompt + [first], dtype=np.int64))
+            session.limit_new_tokens(max_new - len(out))
             session.seed(*seeds)
             self._decode(req, session, tp, prompt, out, stats, rows)
         if streamer is not None:

@@ -32,6 +32,8 @@ pub struct DraftSession {
     open: bool,
     /// `propose_ranked` drafted a tree that `cut_ranked` has not cut yet.
     ranked: bool,
+    /// Tokens the request may still commit (`limit_new_tokens`); None: no limit known.
+    left: Option<usize>,
 }
 
 /// Steps between refreshes of the curve the automatic budget reads.
@@ -53,6 +55,7 @@ impl DraftSession {
             home: None,
             open: false,
             ranked: false,
+            left: None,
         })
     }
 
@@ -168,6 +171,7 @@ impl DraftSession {
         self.history.extend_from_slice(context);
         self.awaiting_verification = false;
         self.ranked = false;
+        self.left = None;
         if let Some(b) = &mut self.auto_budget {
             b.begin_request();
         }
@@ -195,12 +199,35 @@ impl DraftSession {
         Ok(())
     }
 
+    /// The request may commit at most `tokens` more (its length limit; 0 or 1: no draft
+    /// can add one). A path of depth d commits d + 1 tokens, so nodes deeper than
+    /// `tokens - 1` are dropped before the budget sizes the tree: a long copy's last step
+    /// verifies only what can still be kept. Until the next `begin`; each `observe` counts
+    /// its committed tokens off.
+    pub fn limit_new_tokens(&mut self, tokens: usize) {
+        self.left = Some(tokens);
+    }
+
+    /// The drafter's next tree, cut to the depth the request's length limit can still use.
+    fn draft(&mut self) {
+        self.drafter.propose(&self.history, &mut self.tree);
+        let Some(left) = self.left else { return };
+        let max_depth = left.saturating_sub(1) as u32;
+        if self.tree.depths.iter().all(|&d| d <= max_depth) {
+            return;
+        }
+        self.keep.clear();
+        self.keep
+            .extend(self.tree.depths.iter().map(|&d| d <= max_depth));
+        self.tree.retain(&self.keep);
+    }
+
     pub fn propose(&mut self) -> Result<&DraftTree> {
         if self.history.is_empty() {
             return Err(Error::InvalidState("propose called before begin".into()));
         }
         self.ranked = false;
-        self.drafter.propose(&self.history, &mut self.tree);
+        self.draft();
         if let Some(b) = &mut self.auto_budget {
             b.select(&self.tree, &mut self.keep);
             self.tree.retain(&self.keep);
@@ -219,16 +246,17 @@ impl DraftSession {
                 "propose_ranked called before begin".into(),
             ));
         }
-        let Some(b) = self.auto_budget.as_mut() else {
+        if self.auto_budget.is_none() {
             return Err(Error::InvalidState(
                 "propose_ranked needs the automatic budget (set_cost or set_cost_points first)"
                     .into(),
             ));
-        };
-        self.drafter.propose(&self.history, &mut self.tree);
+        }
+        self.draft();
         self.awaiting_verification = false;
         self.ranked = true;
-        Ok(b.rank(&self.tree))
+        let tree = &self.tree;
+        Ok(self.auto_budget.as_mut().map_or(&[], |b| b.rank(tree)))
     }
 
     /// Keeps the root and the first `nodes` ranked nodes of the tree `propose_ranked` drafted.
@@ -272,6 +300,9 @@ impl DraftSession {
         }
         self.drafter.observe(&self.tree, rows, &committed);
         self.history.extend_from_slice(&committed);
+        if let Some(left) = &mut self.left {
+            *left = left.saturating_sub(committed.len());
+        }
         self.awaiting_verification = false;
         Ok(acc)
     }
@@ -299,6 +330,7 @@ mod tests {
         Observe(usize, usize, Vec<u32>, Vec<f32>),
         Cost(Vec<usize>, Vec<f64>),
         Timing(usize, f64, Option<f64>),
+        Limit(usize),
         Finish,
     }
 
@@ -331,6 +363,7 @@ mod tests {
                 proptest::option::of(-1.0f64..1.0)
             )
                 .prop_map(|(n, f, h)| Op::Timing(n, f, h)),
+            (0usize..6).prop_map(Op::Limit),
             Just(Op::Finish),
         ]
     }
@@ -359,6 +392,58 @@ mod tests {
         probs.resize(r * k, 0.5);
     }
 
+    /// Verifies the proposed tree as a target that agrees with every node (k = 1 rows);
+    /// returns the committed tokens.
+    fn accept_all(s: &mut DraftSession) -> Vec<u32> {
+        let tree = s.tree();
+        let n = tree.len();
+        // Each node's prediction is its first child's token (the chain goes on), else 0.
+        let mut pred = vec![0u32; n];
+        for i in (1..n).rev() {
+            pred[tree.parents[i] as usize] = tree.tokens[i];
+        }
+        let probs = vec![1.0f32; n];
+        let rows = TopKRows::new(&pred, &probs, 1, n, s.vocab_size()).unwrap();
+        s.observe(&pred, &rows).unwrap().committed_tokens(s.tree())
+    }
+
+    #[test]
+    fn a_length_limit_cuts_drafts_to_what_can_still_be_committed() {
+        let vocab = 16;
+        let prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
+        let mut s = DraftSession::new(drafter(3, vocab), vocab).unwrap();
+        s.begin(&prompt).unwrap();
+        let unlimited = s.propose().unwrap().len();
+        assert!(unlimited > 5, "prompt lookup drafts the repeated stretch");
+
+        s.begin(&prompt).unwrap();
+        s.limit_new_tokens(4); // a path of depth 3 commits 4 tokens
+        let tree = s.propose().unwrap();
+        assert_eq!(tree.depths.iter().max(), Some(&3));
+        assert_eq!(tree.len(), 4);
+        // Three drafts accepted and the target's own next token: the 4 tokens left.
+        assert_eq!(accept_all(&mut s), vec![3, 4, 5, 0]);
+        // Nothing left to commit: the next step drafts nothing.
+        assert_eq!(s.propose().unwrap().len(), 1);
+
+        s.begin(&prompt).unwrap(); // a new request has no limit until one is given
+        assert_eq!(s.propose().unwrap().len(), unlimited);
+    }
+
+    #[test]
+    fn the_limit_holds_for_ranked_trees_too() {
+        let vocab = 16;
+        let prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2];
+        let mut s = DraftSession::new(drafter(3, vocab), vocab).unwrap();
+        s.set_cost_points(vec![1, 64], vec![0.01, 0.011]).unwrap();
+        s.begin(&prompt).unwrap();
+        s.limit_new_tokens(3);
+        let gains = s.propose_ranked().unwrap().len();
+        assert_eq!(gains, 3, "the root and two nodes to rank");
+        let tree = s.cut_ranked(10).unwrap();
+        assert_eq!(tree.tokens, vec![2, 3, 4]);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
         /// Any call sequence either works or returns an error: no panic, and the history only
@@ -384,6 +469,7 @@ mod tests {
                     }
                     Op::Cost(p, sec) => { let _ = s.set_cost_points(p, sec); }
                     Op::Timing(n, f, h) => { let _ = s.observe_timing(n, f, h); }
+                    Op::Limit(n) => s.limit_new_tokens(n),
                     Op::Finish => s.finish(),
                 }
                 prop_assert!(s.history().iter().all(|&t| (t as usize) < vocab));

@@ -177,6 +177,12 @@ impl Session {
         py.detach(|| session.begin(&context)).map_err(to_py)
     }
 
+    /// The request may commit at most `tokens` more (its length limit): drafts deeper than
+    /// that are not verified. Until the next `begin`; each step counts its tokens off.
+    fn limit_new_tokens(&mut self, tokens: usize) {
+        self.session.limit_new_tokens(tokens);
+    }
+
     /// Seeds the memories from the prefill: row i ([n, k]) is the target's top-k after
     /// context token `start + i` (a prefill may seed only the prompt's last positions).
     #[pyo3(signature = (topk_ids, topk_probs, start = 0))]
