@@ -67,8 +67,8 @@ class _FirstUsePasses:
 
     def _passes(self) -> ChainPasses:
         if self.built is None:
-            self.built = ChainPasses(self.decoder.model, _PassFactory(self.decoder),
-                                     max(*layout_choice.PROBE_TOKENS, _COST_POINTS[-1]))
+            # The probe's sizes are the curve's points: the longest is the last point.
+            self.built = ChainPasses(self.decoder.model, _PassFactory(self.decoder), _COST_POINTS[-1])
         return self.built
 
     def layout_probe(self, sizes: tuple[int, ...] = layout_choice.PROBE_TOKENS) -> dict[int, float]:
