@@ -177,6 +177,8 @@ def test_bad_input_gets_clear_exceptions():
     with pytest.raises(TypeError, match="expected a 1-D integer array"):
         d.begin(np.zeros((2, 2), dtype=np.int64))
     d.begin([1, 2, 3])
+    with pytest.raises(ValueError, match="limit_new_tokens: expected a token count >= 0, got -2"):
+        d.limit_new_tokens(-2)
     with pytest.raises(RuntimeError, match="without a proposed tree"):
         d.observe([1], *rows(1))
     t = d.propose()

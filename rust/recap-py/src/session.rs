@@ -179,8 +179,14 @@ impl Session {
 
     /// The request may commit at most `tokens` more (its length limit): drafts deeper than
     /// that are not verified. Until the next `begin`; each step counts its tokens off.
-    fn limit_new_tokens(&mut self, tokens: usize) {
+    fn limit_new_tokens(&mut self, tokens: i64) -> PyResult<()> {
+        let tokens = usize::try_from(tokens).map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "limit_new_tokens: expected a token count >= 0, got {tokens}"
+            ))
+        })?;
         self.session.limit_new_tokens(tokens);
+        Ok(())
     }
 
     /// Seeds the memories from the prefill: row i ([n, k]) is the target's top-k after
