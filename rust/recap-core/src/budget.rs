@@ -419,18 +419,21 @@ impl AutoBudget {
                 best = (rate, kept);
             }
         }
-        let chosen = self.explore(best.1);
-        self.backoff.explored = chosen > best.1;
         let mean_rate = (1.0 + self.expected[best.1]) / self.cost_of(best.1 + 1);
         let confident = mean_rate * self.cost_of(1) >= PAUSE_OVERRIDE;
+        // A pause neither explores nor spends the credit: its steps verify the best choice
+        // or nothing, and are judged as such.
         let chosen = if self.backoff.pause_left > 0 {
             self.backoff.pause_left -= 1;
+            self.backoff.explored = false;
             if confident {
                 best.1
             } else {
                 0
             }
         } else {
+            let chosen = self.explore(best.1);
+            self.backoff.explored = chosen > best.1;
             chosen
         };
         self.keep_ranked(chosen, tree.len(), keep);
@@ -670,6 +673,44 @@ mod tests {
         // The likely chain ranks before the unlikely sibling.
         b.keep_ranked(6, t.len(), &mut keep);
         assert!(keep[..7].iter().all(|&k| k) && !keep[7]);
+    }
+
+    #[test]
+    fn a_pause_neither_explores_nor_spends_the_credit_and_its_overrides_are_judged() {
+        // 40 unlikely nodes: outside a pause, the saved credit buys an exploration.
+        let mut t = DraftTree::default();
+        t.reset(1, [NO_TOKEN, NO_TOKEN]);
+        let mut v = 0;
+        for d in 1..=40u32 {
+            v = t.push(v, 10 + d, 1e-6, NodeSource::Search);
+        }
+        t.into_preorder();
+        let cost: Vec<f32> = (1..=64).map(|n| 1.0 + 0.01 * n as f32).collect();
+        let mut b = AutoBudget::new(cost).unwrap();
+        b.credit = 10.0;
+        let mut keep = Vec::new();
+        b.backoff.pause_left = 3;
+        b.select(&t, &mut keep);
+        assert_eq!(b.last().kept, 0);
+        assert_eq!((b.credit, b.explored, b.backoff.explored), (10.0, 0, false));
+        b.backoff.pause_left = 0;
+        b.select(&t, &mut keep);
+        assert!(b.last().kept >= 8 && b.backoff.explored && b.credit < 10.0);
+        // A long copy that has held drafts during a pause (the override), and that step is
+        // judged like any drafted one: its failure counts toward the next pause.
+        let copy = copy_chain(20);
+        for _ in 0..30 {
+            b.learn(&copy, &(0..=20).collect::<Vec<_>>());
+        }
+        b.begin_request();
+        b.credit = 10.0;
+        b.backoff.pause_left = 3;
+        b.select(&copy, &mut keep);
+        assert!(b.last().kept >= 10 && !b.backoff.explored, "{:?}", b.last());
+        let mut cut = copy.clone();
+        cut.retain(&keep);
+        b.learn(&cut, &[0]);
+        assert_eq!(b.backoff.judged, 1);
     }
 
     #[test]
