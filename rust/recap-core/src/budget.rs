@@ -419,14 +419,13 @@ impl AutoBudget {
                 best = (rate, kept);
             }
         }
-        let mean_rate = (1.0 + self.expected[best.1]) / self.cost_of(best.1 + 1);
-        let confident = mean_rate * self.cost_of(1) >= PAUSE_OVERRIDE;
         // A pause neither explores nor spends the credit: its steps verify the best choice
         // or nothing, and are judged as such.
         let chosen = if self.backoff.pause_left > 0 {
             self.backoff.pause_left -= 1;
             self.backoff.explored = false;
-            if confident {
+            let mean_rate = (1.0 + self.expected[best.1]) / self.cost_of(best.1 + 1);
+            if mean_rate * self.cost_of(1) >= PAUSE_OVERRIDE {
                 best.1
             } else {
                 0
@@ -572,6 +571,18 @@ mod tests {
         t
     }
 
+    /// Root with a chain of `len` search nodes so unlikely that no prefix of it pays.
+    fn unlikely_chain(len: u32) -> DraftTree {
+        let mut t = DraftTree::default();
+        t.reset(1, [NO_TOKEN, NO_TOKEN]);
+        let mut v = 0;
+        for d in 1..=len {
+            v = t.push(v, 10 + d, 1e-6, NodeSource::Search);
+        }
+        t.into_preorder();
+        t
+    }
+
     /// Root with one suffix chain of `len` tokens, copied after a 40-token match.
     fn copy_chain(len: u32) -> DraftTree {
         let mut t = DraftTree::default();
@@ -677,14 +688,8 @@ mod tests {
 
     #[test]
     fn a_pause_neither_explores_nor_spends_the_credit_and_its_overrides_are_judged() {
-        // 40 unlikely nodes: outside a pause, the saved credit buys an exploration.
-        let mut t = DraftTree::default();
-        t.reset(1, [NO_TOKEN, NO_TOKEN]);
-        let mut v = 0;
-        for d in 1..=40u32 {
-            v = t.push(v, 10 + d, 1e-6, NodeSource::Search);
-        }
-        t.into_preorder();
+        // Outside a pause, the saved credit buys an exploration of these.
+        let t = unlikely_chain(40);
         let cost: Vec<f32> = (1..=64).map(|n| 1.0 + 0.01 * n as f32).collect();
         let mut b = AutoBudget::new(cost).unwrap();
         b.credit = 10.0;
@@ -715,14 +720,8 @@ mod tests {
 
     #[test]
     fn exploring_costs_at_most_its_share_of_the_time() {
-        // 40 unlikely nodes: the best choice is always none, so every kept node explores.
-        let mut t = DraftTree::default();
-        t.reset(1, [NO_TOKEN, NO_TOKEN]);
-        let mut v = 0;
-        for d in 1..=40u32 {
-            v = t.push(v, 10 + d, 1e-6, NodeSource::Search);
-        }
-        t.into_preorder();
+        // The best choice is always none, so every kept node explores.
+        let t = unlikely_chain(40);
         let cost: Vec<f32> = (1..=64).map(|n| 1.0 + 0.1 * n as f32).collect();
         let mut b = AutoBudget::new(cost.clone()).unwrap();
         let mut keep = Vec::new();
