@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from recap import seeding
+from recap.grouped_attention import grouped
 from recap.kv_cache import SlabCache, SlabLayer
 from recap.step_buffers import masked_value
 from recap.tree_pass import prompt_forward
@@ -226,7 +227,8 @@ class BatchTreePass:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
         """Logits [B, T, V] of the loaded trees after each row's committed prefix."""
         kw = {self.adapter.cache_keyword: self.cache, "use_cache": True}
-        return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits
+        with grouped(tokens.shape[-1]):  # the cache's key/value heads are not copied per query head
+            return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits
 
     def packed(self, logits: torch.Tensor, pred: torch.Tensor | None = None) -> np.ndarray:
         """[B, T, 1 + 2k]: each node's pick (the argmax unless `pred` [B, T] gives them),

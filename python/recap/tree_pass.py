@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from recap import seeding
+from recap.grouped_attention import grouped
 from recap.kv_cache import DEFAULT_CAPACITY, SlabCache
 from recap.step_buffers import StepBuffers
 
@@ -172,7 +173,8 @@ class TreePass:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
         """Logits [T, V] of the loaded tree after the committed prefix."""
         kw = {self.adapter.cache_keyword: self.cache, "use_cache": True}
-        return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits[0]
+        with grouped(tokens.shape[-1]):  # the cache's key/value heads are not copied per query head
+            return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits[0]
 
     def verify(self, n: int, deepest: int) -> torch.Tensor:
         return self.forward(*self.upload(n, deepest))
