@@ -1,0 +1,18 @@
+"""benches/grouped_attention.py keeps working: its tiny mode, every pair the same bits."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_grouped_attention_bench_runs_in_its_tiny_mode(tmp_path):
+    spec = importlib.util.spec_from_file_location("grouped_attention_bench", ROOT / "benches" / "grouped_attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "rows.json"
+    assert bench.main(["--tiny", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["context"], r["tokens"]) for r in rows] == [(16, 2), (16, 5), (64, 2), (64, 5)]
+    assert all(r["same_bits"] and r["own_ms"] > 0 and r["grouped_ms"] > 0 for r in rows)
