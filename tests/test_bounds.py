@@ -1,21 +1,16 @@
 """The bounds benchmark in its tiny mode: it runs, cross-request structures stay within
 their configured bounds, and the pool stays within its byte bound between requests."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 from recap import PersistentMemory
+from scripts import load_script
 
 ROW_BYTES = 128  # one K = 8 row: ids, probabilities, key, width, statistics, mark, index share
 
 
 def load_bench():
-    path = Path(__file__).parent.parent / "benches" / "memory_bounds.py"
-    spec = importlib.util.spec_from_file_location("memory_bounds", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benches/memory_bounds.py")
 
 
 def test_tiny_bounds_run_stays_within_every_bound(tmp_path):

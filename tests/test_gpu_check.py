@@ -1,16 +1,12 @@
 """benches/gpu_check.py, the prepared accelerator check, keeps working: its tiny CPU mode."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts import load_script
 
 
 def test_gpu_check_runs_in_its_tiny_cpu_mode(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benches" / "gpu_check.py")
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = load_script("benches/gpu_check.py")
     out = tmp_path / "tiny.json"
     assert check.main(["--tiny", "--out", str(out)]) == 0
     report = json.loads(out.read_text())

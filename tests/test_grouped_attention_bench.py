@@ -1,16 +1,12 @@
 """benches/grouped_attention.py keeps working: its tiny mode, every pair the same bits."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts import load_script
 
 
 def test_grouped_attention_bench_runs_in_its_tiny_mode(tmp_path):
-    spec = importlib.util.spec_from_file_location("grouped_attention_bench", ROOT / "benches" / "grouped_attention.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benches/grouped_attention.py")
     out = tmp_path / "rows.json"
     assert bench.main(["--tiny", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())

@@ -1,24 +1,18 @@
 """benches/modeled_budget.py: the budget's choices charged a fixed cost curve are the same in
 every run (what makes it a fair yardstick for controller changes on a noisy machine)."""
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from recap import Decoder, seeding
-
-ROOT = Path(__file__).resolve().parents[1]
+from scripts import load_script
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("modeled_budget", ROOT / "benches" / "modeled_budget.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benches/modeled_budget.py")
 
 
 def test_two_tiny_runs_make_the_same_choices_and_report_them(tmp_path):

@@ -124,12 +124,8 @@ def test_objects_without_a_language_model_head_are_refused():
 
 
 def test_the_readme_table_of_supported_models_is_current():
-    import importlib.util
-    from pathlib import Path
+    from scripts import ROOT, load_script
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("supported_models", root / "tools" / "supported_models.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    readme = (root / "README.md").read_text()
+    tool = load_script("tools/supported_models.py")
+    readme = (ROOT / "README.md").read_text()
     assert tool.render(readme, tool.table()) == readme, "run: python tools/supported_models.py"
