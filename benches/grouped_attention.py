@@ -44,6 +44,13 @@ def measure(model, contexts: list[int], sizes: list[int], reps: int) -> list[dic
     dec = recap.Decoder(model)
     vocab = model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
+    try:
+        return _pairs(dec, vocab, gen, contexts, sizes, reps)
+    finally:  # the library's own path again, whatever happened
+        tree_pass_module.grouped = grouped
+
+
+def _pairs(dec, vocab: int, gen, contexts: list[int], sizes: list[int], reps: int) -> list[dict]:
     rows = []
     with torch.no_grad(), dec.verifying():
         for ctx in contexts:
@@ -67,7 +74,6 @@ def measure(model, contexts: list[int], sizes: list[int], reps: int) -> list[dic
                 rows.append({"context": ctx, "tokens": n, "own_ms": statistics.median(own) * 1e3,
                              "grouped_ms": statistics.median(shared) * 1e3,
                              "ratio": statistics.median(ratios), "same_bits": same})
-    tree_pass_module.grouped = grouped
     return rows
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 import torch
 
 _local = threading.local()
-_installed = False
+_installed: bool | None = None  # whether the wrapper is in place; None: not tried yet
 _lock = threading.Lock()
 
 
@@ -41,30 +41,36 @@ def _torch_groups() -> bool:
 
 
 def _install() -> bool:
-    """Wraps transformers' `use_gqa_in_sdpa` once per process; False where it cannot."""
+    """Wraps transformers' `use_gqa_in_sdpa`, tried once per process (every pass asks);
+    False where it cannot."""
     global _installed
+    if _installed is not None:
+        return _installed
     with _lock:
-        if _installed:
-            return True
-        try:
-            from transformers.integrations import sdpa_attention
-        except ImportError:
-            return False
-        original = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
-        if original is None or not _torch_groups():
-            return False
+        if _installed is None:
+            _installed = _wrap()
+        return _installed
 
-        def use_gqa_in_sdpa(attention_mask, key, *args, **kwargs):
-            if getattr(_local, "depth", 0) and key.device.type == "cpu":
-                value = args[0] if args else kwargs.get("value", key)
-                if key.shape[-1] == value.shape[-1]:
-                    return True
-            return original(attention_mask, key, *args, **kwargs)
 
-        use_gqa_in_sdpa.__wrapped__ = original  # type: ignore[attr-defined]
-        sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
-        _installed = True
-        return True
+def _wrap() -> bool:
+    try:
+        from transformers.integrations import sdpa_attention
+    except ImportError:
+        return False
+    original = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
+    if original is None or not _torch_groups():
+        return False
+
+    def use_gqa_in_sdpa(attention_mask, key, *args, **kwargs):
+        if getattr(_local, "depth", 0) and key.device.type == "cpu":
+            value = args[0] if args else kwargs.get("value", key)
+            if key.shape[-1] == value.shape[-1]:
+                return True
+        return original(attention_mask, key, *args, **kwargs)
+
+    use_gqa_in_sdpa.__wrapped__ = original  # type: ignore[attr-defined]
+    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
+    return True
 
 
 @contextlib.contextmanager
