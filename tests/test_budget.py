@@ -103,6 +103,24 @@ def test_auto_decoder_calibrates_once_reports_and_equals_greedy():
     assert recap.Decoder(model, RecapConfig(budget=8)).cost is None  # a fixed budget: no calibration
 
 
+def test_calibrate_measures_but_leaves_fixed_budgets_and_peers_their_own_trees():
+    """`calibrate()` returns the curve; a decoder whose trees are not sized to the hardware
+    (an int budget, a peer such as SAM) still verifies its trees as drafted, uncut."""
+    model = text_model("Qwen2")
+    ids = torch.tensor([[7, 8, 9, 10, 7, 8, 9, 10, 7, 8]])
+    for drafter, config in [("recap", RecapConfig(budget=8)), ("sam", RecapConfig())]:
+        sizes = []
+        for calibrated in (False, True):
+            dec = recap.Decoder(model, config, drafter=drafter)
+            if calibrated:
+                curve = dec.calibrate()  # measured up to the drafter's largest tree
+                assert curve.points[:2] == [1, 4] and len(curve.seconds) == len(curve.points) >= 3
+            dec.generate(ids, max_new_tokens=40, eos_token_id=None)
+            assert dec.last_stats.predicted_accepted == 0.0, drafter  # no controller ranked them
+            sizes.append(dec.last_stats.tree_sizes)
+        assert sizes[0] == sizes[1] and max(sizes[1]) > 1, (drafter, sizes)
+
+
 def test_cost_curves_belong_to_their_model_and_layout():
     import copy
     import gc

@@ -285,7 +285,8 @@ class Decoder:
     # ---- hardware-aware budget ----------------------------------------------------------
     def calibrate(self, refresh: bool = False) -> CostModel:
         """Measures (or takes from the model's cache) the verification cost curve c(n) of this
-        model, device, dtype, thread count and linear layout, and sizes trees with it from now on."""
+        model, device, dtype, thread count and linear layout; with budget="auto", trees are
+        sized with it from now on (a fixed budget or a peer drafter keeps its own tree sizes)."""
         self._prepare(settle=True)
         with self._prepare_lock:
             return self._calibrate(refresh)
@@ -297,7 +298,8 @@ class Decoder:
         with self._layout_context():  # not verifying(): this runs inside the first use
             self._cost = cost_model(self.model, new_pass, self._drafter.max_nodes + 1, variant=(self._layout_name(),),
                                     refresh=refresh, passes=passes, known=known, warm=warm, points=points)
-        self._drafter.set_cost_points(self._cost.points, self._cost.seconds)
+        if self._auto_budget:  # a curve handed to the drafter would cut every tree it drafts
+            self._drafter.set_cost_points(self._cost.points, self._cost.seconds)
         return self._cost
 
     # ---- the loop ---------------------------------------------------------------------
