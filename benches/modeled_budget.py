@@ -14,6 +14,7 @@ prompt from run to run; this does not move at all.
 
     python benches/modeled_budget.py [--prompts FILE] [--sets mt_bench humaneval ...]
         [--curve 1:38.4,4:61.3,12:81,30:96.4,50:123,64:140] [--max-new-tokens 128] [--out DIR]
+        [--drafter sam]      # a peer charged the same curve
     python benches/modeled_budget.py --tiny      # a tiny random model, synthetic prompts (CI)
 
 The default curve is SmolLM2-135M-Instruct's on the 2-core x86 VM, float32, in ms.
@@ -68,7 +69,8 @@ class _ModeledSession:
 
 @contextmanager
 def modeled(decoder, points: list[int], ms: list[float]):
-    """Inside: `decoder` prices with the fixed curve, every decoder of the process is charged
+    """Inside: `decoder` prices with the fixed curve (a peer's decoder, whose drafter does not
+    size its trees to the hardware, keeps its own sizes), every decoder of the process is charged
     it for every pass (the hook is the class's), prefills do not correct the seeding share,
     and the measurement store is off, first use included (a modeled curve must never be kept
     as a measured one, and a stored share or curve would make runs differ)."""
@@ -86,8 +88,11 @@ def modeled(decoder, points: list[int], ms: list[float]):
 
     os.environ["RECAP_CACHE"] = "0"
     try:
-        decoder.calibrate()  # first use, then the fixed curve replaces what it measured
-        decoder._drafter.set_cost_points(points, [m / 1e3 for m in ms])
+        if decoder._auto_budget:
+            decoder.calibrate()  # first use, then the fixed curve replaces what it measured
+            decoder._drafter.set_cost_points(points, [m / 1e3 for m in ms])
+        else:  # a peer keeps its own tree sizes (a curve handed to its drafter would cut them)
+            decoder._prepare(settle=True)
         cls._decode, seeding.observe = _decode, (lambda *a, **k: None)
         yield cost
     finally:
@@ -99,11 +104,12 @@ def modeled(decoder, points: list[int], ms: list[float]):
 
 
 def run(model, prompts: list[tuple[str, str, torch.Tensor]], points: list[int], ms: list[float],
-        max_new: int, eos: int | None = None, progress: bool = True) -> list[dict]:
-    """One modeled request per (set, id, input ids), in order, by one decoder."""
+        max_new: int, eos: int | None = None, progress: bool = True, drafter: str = "recap") -> list[dict]:
+    """One modeled request per (set, id, input ids), in order, by one decoder of `drafter`
+    (a peer's passes are charged the same curve, so RECAP and its peers compare without noise)."""
     from recap import Decoder, RecapConfig
 
-    dec = Decoder(model, RecapConfig(budget="auto"))
+    dec = Decoder(model, RecapConfig(budget="auto"), drafter=drafter)
     rows = []
     with modeled(dec, points, ms) as cost:
         for set_, pid, ids in prompts:
@@ -113,7 +119,8 @@ def run(model, prompts: list[tuple[str, str, torch.Tensor]], points: list[int], 
             assert s is not None
             plain = (s.new_tokens - 1) * cost(1)
             spent = sum(cost(n) for n in s.tree_sizes)
-            rows.append(dict(set=set_, id=pid, speedup=plain / spent if spent else 1.0, tau=s.tau, steps=s.steps,
+            rows.append(dict(set=set_, id=pid, drafter=drafter, speedup=plain / spent if spent else 1.0, tau=s.tau,
+                             steps=s.steps,
                              tree_sizes=list(s.tree_sizes), nodes_per_step=s.mean_tree_size,
                              predicted=s.predicted_accepted, observed=s.observed_accepted,
                              wall_s=time.perf_counter() - t))
@@ -182,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", help="a prompt file (default: the shipped prompts)")
     ap.add_argument("--sets", nargs="*", help="only these sets")
     ap.add_argument("--curve", default=DEFAULT_CURVE, help="tokens:ms points of the modeled cost curve")
+    ap.add_argument("--drafter", default="recap", help="the drafter to decode with (recap, sam, pld, suffix, ...)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tiny", action="store_true", help="a tiny random model and synthetic prompts")
     ap.add_argument("--out", help="a folder for modeled_budget.json and .md")
@@ -204,7 +212,7 @@ def _main(args: argparse.Namespace, points: list[int], ms: list[float]) -> int:
     else:
         model, prompts, eos = shipped_prompts(args.prompts, args.sets)
         max_new = args.max_new_tokens
-    rows = run(model, prompts, points, ms, max_new, eos, progress=not args.quiet)
+    rows = run(model, prompts, points, ms, max_new, eos, progress=not args.quiet, drafter=args.drafter)
     text = markdown(rows, args.curve)
     print(text)
     if args.out:

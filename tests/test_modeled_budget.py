@@ -41,6 +41,21 @@ def test_two_tiny_runs_make_the_same_choices_and_report_them(tmp_path):
     assert (os.environ.get("RECAP_CACHE"), torch.get_num_threads()) == (store, threads)
 
 
+def test_a_peer_is_charged_the_same_curve(tmp_path):
+    """`--drafter sam`: SAM's chains, every pass charged the modeled curve like RECAP's."""
+    bench = load_bench()
+    assert bench.main(["--tiny", "--quiet", "--drafter", "sam", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "modeled_budget.json").read_text())["rows"]
+    points, ms = bench.parse_curve(bench.DEFAULT_CURVE)
+    assert {r["drafter"] for r in rows} == {"sam"}
+    for r in rows:
+        spent = sum(np.interp(n, points, ms) for n in r["tree_sizes"])
+        assert r["speedup"] == pytest.approx((round(r["tau"] * r["steps"])) * ms[0] / spent)
+        assert r["predicted"] == 0.0  # no automatic budget behind a peer's trees
+    # The repeating prompts hold SAM's chains: some steps verify more than the root.
+    assert max(max(r["tree_sizes"]) for r in rows) > 1
+
+
 @pytest.mark.parametrize("curve", ["1:10,x:3", "2:10,4:20", "1:10,4:0", "1:10,1:12"])
 def test_a_malformed_curve_is_refused_with_what_was_expected(curve):
     with pytest.raises(ValueError, match="--curve: expected"):
