@@ -15,6 +15,16 @@ def load_bench():
     return load_script("benches/modeled_budget.py")
 
 
+def assert_charged_the_curve(rows: list[dict], points: list[int], ms: list[float]) -> None:
+    """Each row's speedup is plain decoding's passes over its own trees' passes, both priced
+    by the modeled curve."""
+    for r in rows:
+        assert r["steps"] == len(r["tree_sizes"])
+        spent = sum(np.interp(n, points, ms) for n in r["tree_sizes"])
+        new_tokens = round(r["tau"] * r["steps"]) + 1
+        assert r["speedup"] == pytest.approx((new_tokens - 1) * ms[0] / spent)
+
+
 def test_two_tiny_runs_make_the_same_choices_and_report_them(tmp_path):
     bench = load_bench()
     decode, observe, share = Decoder._decode, seeding.observe, seeding.head_share
@@ -25,14 +35,8 @@ def test_two_tiny_runs_make_the_same_choices_and_report_them(tmp_path):
     b = json.loads((tmp_path / "b" / "modeled_budget.json").read_text())
     assert [r["tree_sizes"] for r in a["rows"]] == [r["tree_sizes"] for r in b["rows"]]
     assert [r["speedup"] for r in a["rows"]] == [r["speedup"] for r in b["rows"]]
-    points, ms = bench.parse_curve(a["curve"])
-    drafted = 0
-    for r in a["rows"]:
-        assert r["steps"] == len(r["tree_sizes"])
-        spent = sum(np.interp(n, points, ms) for n in r["tree_sizes"])
-        new_tokens = round(r["tau"] * r["steps"]) + 1
-        assert r["speedup"] == pytest.approx((new_tokens - 1) * ms[0] / spent)
-        drafted += sum(n > 1 for n in r["tree_sizes"])
+    assert_charged_the_curve(a["rows"], *bench.parse_curve(a["curve"]))
+    drafted = sum(n > 1 for r in a["rows"] for n in r["tree_sizes"])
     assert drafted > 0  # the repeating prompts get drafts, so the choices are the budget's
     assert a["summary"]["all"]["prompts"] == len(a["rows"]) == 4
     assert (tmp_path / "a" / "modeled_budget.md").read_text().startswith("modeled curve")
@@ -46,12 +50,9 @@ def test_a_peer_is_charged_the_same_curve(tmp_path):
     bench = load_bench()
     assert bench.main(["--tiny", "--quiet", "--drafter", "sam", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "modeled_budget.json").read_text())["rows"]
-    points, ms = bench.parse_curve(bench.DEFAULT_CURVE)
     assert {r["drafter"] for r in rows} == {"sam"}
-    for r in rows:
-        spent = sum(np.interp(n, points, ms) for n in r["tree_sizes"])
-        assert r["speedup"] == pytest.approx((round(r["tau"] * r["steps"])) * ms[0] / spent)
-        assert r["predicted"] == 0.0  # no automatic budget behind a peer's trees
+    assert_charged_the_curve(rows, *bench.parse_curve(bench.DEFAULT_CURVE))
+    assert all(r["predicted"] == 0.0 for r in rows)  # no automatic budget behind a peer's trees
     # The repeating prompts hold SAM's chains: some steps verify more than the root.
     assert max(max(r["tree_sizes"]) for r in rows) > 1
 
