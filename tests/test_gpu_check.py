@@ -16,6 +16,7 @@ def test_gpu_check_runs_in_its_tiny_cpu_mode(tmp_path):
     # Its prompt repeats itself, so drafts are accepted: fewer passes than tokens.
     assert 0 < report["steps"] < report["new_tokens"] - 1 and report["tau"] > 1.0
     assert report["host_us_per_step"]["host"] > 0
+    assert report["first_use_s"] > 0
     assert report["tree_vs_one_token_argmax_agreement"] == 1.0  # float64: a tree pass equals one-token passes
     assert sorted(int(b) for b in report["batches"]) == [1, 2, 4]
     for b, r in report["batches"].items():
