@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from recap import seeding
+from recap.cudnn_attention import without_cudnn_attention
 from recap.grouped_attention import grouped
 from recap.kv_cache import SlabCache, SlabLayer
 from recap.step_buffers import masked_value
@@ -227,7 +228,9 @@ class BatchTreePass:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
         """Logits [B, T, V] of the loaded trees after each row's committed prefix."""
         kw = {self.adapter.cache_keyword: self.cache, "use_cache": True}
-        with grouped(tokens.shape[-1]):  # the cache's key/value heads are not copied per query head
+        # The cache's key/value heads are not copied per query head; on CUDA, no cuDNN attention
+        # graph is built for each new shape (recap.cudnn_attention).
+        with grouped(tokens.shape[-1]), without_cudnn_attention(tokens.device):
             return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits
 
     def packed(self, logits: torch.Tensor, pred: torch.Tensor | None = None) -> np.ndarray:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from recap import seeding
+from recap.cudnn_attention import without_cudnn_attention
 from recap.grouped_attention import grouped
 from recap.kv_cache import DEFAULT_CAPACITY, SlabCache
 from recap.step_buffers import StepBuffers
@@ -173,7 +174,9 @@ class TreePass:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
         """Logits [T, V] of the loaded tree after the committed prefix."""
         kw = {self.adapter.cache_keyword: self.cache, "use_cache": True}
-        with grouped(tokens.shape[-1]):  # the cache's key/value heads are not copied per query head
+        # The cache's key/value heads are not copied per query head; on CUDA, no cuDNN attention
+        # graph is built for each new shape (recap.cudnn_attention).
+        with grouped(tokens.shape[-1]), without_cudnn_attention(tokens.device):
             return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits[0]
 
     def verify(self, n: int, deepest: int) -> torch.Tensor:
