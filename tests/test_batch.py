@@ -97,6 +97,29 @@ def test_every_text_family_batched_equals_batch_1_and_batched_generate(family):
             assert torch.equal(out, batched), name
 
 
+@pytest.mark.parametrize("family", list(TEXT_FAMILIES))
+def test_a_padded_prefill_as_on_an_accelerator_keeps_every_row_its_own_generate(family, monkeypatch):
+    """On an accelerator text rows are prefilled as one left-padded pass (batch_pass.one_padded_prefill);
+    forced here on the CPU, every row still equals its generate at batch 1 and batched generate's."""
+    import recap.batch_pass as batch_pass
+
+    assert not batch_pass.one_padded_prefill(torch.device("cpu"))
+    assert batch_pass.one_padded_prefill(torch.device("cuda"))
+    monkeypatch.setattr(batch_pass, "one_padded_prefill", lambda device: True)
+    model = text_family(family)
+    rows = prompts_for([5, 23, 40, 11])
+    ids, mask = left_pad(rows)
+    expected = one_by_one(model, [dict(input_ids=torch.tensor([r])) for r in rows])
+    batched = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=PAD,
+                             max_new_tokens=NEW)
+    for name, cfg in DRAFTERS[:1] + DRAFTERS[2:3]:
+        dec = recap.Decoder(model, cfg, drafter=name)
+        out = dec.generate(ids, attention_mask=mask, max_new_tokens=NEW, pad_token_id=PAD)
+        assert_rows(out, ids.shape[1], expected)
+        if family != "Gemma 2":  # see the test above
+            assert torch.equal(out, batched), name
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=6), eos=st.integers(3, 99),
        drafter=st.sampled_from(["recap", "pld", "tr", "sam", "ar"]), budget=st.sampled_from(["auto", 4, 16, 48]),

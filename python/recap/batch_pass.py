@@ -2,7 +2,7 @@
 
 Layout. The KV slab (`recap.kv_cache`) holds [layers, B, heads, capacity, head_dim]. Row b's
 committed entries are the columns [0, past[b]): its left padding [0, pad[b]) (masked for
-ever; only a prefill with images has any, see `prefill`), then its real tokens. Rows commit
+ever; only a padded prefill leaves any, see `prefill`), then its real tokens. Rows commit
 different numbers of tokens per step, so their
 lengths are ragged; the cache's common length W is the longest row's, and the columns
 [past[b], W) of a shorter row are holes, masked. Every step writes each row's tree at the
@@ -53,6 +53,19 @@ def _zero_padding(pads: torch.Tensor, thread: int):
     return hook
 
 
+def one_padded_prefill(device: torch.device) -> bool:
+    """Whether a batch of text prompts is prefilled as one left-padded pass rather than one
+    pass per row: on an accelerator, not on a CPU.
+
+    A CPU's pass costs what its tokens cost, so padding every row to the longest one is paid
+    in full: 4 shipped prompts of 78-757 tokens took 4.1 s padded against 1.4 s one by one on
+    a 2-core CPU. An accelerator's pass at these sizes is bound by launching its kernels, so
+    a pass per row costs a whole pass per row: on an H200 (a 7B-shaped model in bfloat16) 32
+    rows of 72-310 tokens took 625 ms one by one and 248 ms as one padded pass, 8 rows 182 ms
+    and 64 ms (docs/results/gpu.md)."""
+    return device.type != "cpu"
+
+
 class BatchTreePass:
     """The verification machinery of one batched request (see the module doc)."""
 
@@ -87,13 +100,11 @@ class BatchTreePass:
         """Runs the prompts; returns the last position's logits [B, V] and each row's seed
         rows (ids, probs, start) over its real tokens, as `TreePass.prefill`.
 
-        Text prompts are prefilled one row at a time, each exactly as at batch 1, and land at
-        the start of their cache rows (no padding in the cache: rows are ragged from the
-        start). A left-padded prefill computes every row at the longest row's length, which
-        on a batch of mixed lengths costs several times the real tokens (4 shipped prompts of
-        78-757 tokens: 4.1 s padded against 1.4 s one by one on a 2-core CPU). Prompts with
-        model inputs (images) run as one padded batch, as batched `generate` runs them."""
-        if model_inputs:
+        On a CPU, text prompts are prefilled one row at a time, each exactly as at batch 1, and
+        land at the start of their cache rows (no padding in the cache: rows are ragged from
+        the start). Prompts with model inputs (images), and every batch on an accelerator, run
+        as one left-padded batch, as batched `generate` runs them (`one_padded_prefill`)."""
+        if model_inputs or one_padded_prefill(self.device):
             return self._padded_prefill(input_ids, attention_mask, model_inputs, head_share)
         lengths = attention_mask.sum(dim=1).tolist()
         width = int(max(lengths))
