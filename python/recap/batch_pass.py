@@ -27,11 +27,9 @@ import numpy as np
 import torch
 
 from recap import seeding
-from recap.cudnn_attention import without_cudnn_attention
-from recap.grouped_attention import grouped
 from recap.kv_cache import SlabCache, SlabLayer
 from recap.step_buffers import masked_value
-from recap.tree_pass import prompt_forward
+from recap.tree_pass import pass_attention, prompt_forward
 
 
 def _zero_padding(pads: torch.Tensor, thread: int):
@@ -239,9 +237,7 @@ class BatchTreePass:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
         """Logits [B, T, V] of the loaded trees after each row's committed prefix."""
         kw = {self.adapter.cache_keyword: self.cache, "use_cache": True}
-        # The cache's key/value heads are not copied per query head; on CUDA, no cuDNN attention
-        # graph is built for each new shape (recap.cudnn_attention).
-        with grouped(tokens.shape[-1]), without_cudnn_attention(tokens.device):
+        with pass_attention(tokens):
             return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits
 
     def packed(self, logits: torch.Tensor, pred: torch.Tensor | None = None) -> np.ndarray:

@@ -15,8 +15,10 @@ window, the cache keyword, position offsets, the final norm and head.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -26,6 +28,15 @@ from recap.cudnn_attention import without_cudnn_attention
 from recap.grouped_attention import grouped
 from recap.kv_cache import DEFAULT_CAPACITY, SlabCache
 from recap.step_buffers import StepBuffers
+
+
+@contextlib.contextmanager
+def pass_attention(tokens: torch.Tensor) -> Iterator[None]:
+    """The attention a verification pass over `tokens` runs (a tree's, a batch's): the cache's
+    key/value heads are not copied per query head (`recap.grouped_attention`), and on CUDA no
+    cuDNN attention graph is built for each new shape (`recap.cudnn_attention`)."""
+    with grouped(tokens.shape[-1]), without_cudnn_attention(tokens.device):
+        yield
 
 
 def prompt_forward(adapter, cache, input_ids, attention_mask, inputs: dict, capture_hidden: bool,
@@ -174,9 +185,7 @@ class TreePass:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
         """Logits [T, V] of the loaded tree after the committed prefix."""
         kw = {self.adapter.cache_keyword: self.cache, "use_cache": True}
-        # The cache's key/value heads are not copied per query head; on CUDA, no cuDNN attention
-        # graph is built for each new shape (recap.cudnn_attention).
-        with grouped(tokens.shape[-1]), without_cudnn_attention(tokens.device):
+        with pass_attention(tokens):
             return self.model(input_ids=tokens, attention_mask=mask, position_ids=positions, **kw).logits[0]
 
     def verify(self, n: int, deepest: int) -> torch.Tensor:
