@@ -133,6 +133,7 @@ class Drafter(_SingleStream):
         context_capacity: int | None = None,
         seed_context: bool = False,
         reset_memory: bool = False,
+        frequency: bool = False,
         excluded: IntArray | None = None,
         memory: PersistentMemory | None = None,
     ) -> Drafter: ...

@@ -30,6 +30,11 @@ class RecapConfig:
       with ``budget="auto"`` the chain follows the match length, min(cap, 1 + 4 * match
       length), and the budget logic weighs its nodes by their own observed acceptance; with a
       fixed budget it is the method's 4. An int is always that many.
+    - ``frequency``: with ``budget="auto"``, also merge the tree a frequency-counted suffix
+      tree over the request proposes (SuffixDecoding's) into every draft; the budget prices
+      those nodes by their own observed acceptance, so a small tree holds what that tree
+      would pick and a large one adds what the memories know. False: the method as
+      published (drafter ``recap_paper``).
     """
 
     k: int = _D["k"]
@@ -43,6 +48,7 @@ class RecapConfig:
     context_capacity: int = _D["context_capacity"]
     seed_context: bool = False
     reset_memory: bool = False
+    frequency: bool = True
     memory_capacity: int = _D["memory_capacity"]
     excluded: tuple[int, ...] = field(default=())
 
@@ -54,6 +60,9 @@ class RecapConfig:
             if not (auto_ok or (isinstance(v, int) and not isinstance(v, bool))):
                 expected = 'an int or "auto"' if name in ("budget", "suffix_len") else "an int"
                 raise ValueError(f"{name}: expected {expected}, got {v!r}")
+        for name in ("seed_context", "reset_memory", "frequency"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         if not isinstance(self.fusion, str):
             raise ValueError(f"fusion: expected one of {FUSION_MODES}, got {self.fusion!r}")
         try:
@@ -108,6 +117,7 @@ class RecapConfig:
             context_capacity=self.context_capacity,
             seed_context=self.seed_context,
             reset_memory=self.reset_memory,
+            frequency=self.frequency and self.auto_budget,
             excluded=sorted(set(self.excluded) | set(excluded)),
             memory=memory if memory is not None else self.new_memory(vocab_size),
         )

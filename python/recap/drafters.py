@@ -51,10 +51,12 @@ _ABLATIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("prior", "priors without confidence", {"fusion": "prior"}),
     ("nosuffix", "no suffix graft", {"suffix_len": 0}),
     ("reset", "U reset per request", {"reset_memory": True}),
+    ("paper", "the method as published: no frequency tree merged", {"frequency": False}),
 ]
 
 _SPECS = [
-    DrafterSpec("recap", "RECAP: fused G/C/U memories, best-first tree, suffix graft", _recap(), True, True),
+    DrafterSpec("recap", "RECAP: fused G/C/U memories, best-first tree, suffix graft, frequency tree",
+                _recap(), True, True),
     *[DrafterSpec(f"recap_{name}", f"RECAP ablation: {summary}", _recap(**change), True, True)
       for name, summary, change in _ABLATIONS],
     DrafterSpec("ar", "plain greedy decoding through the same loop",

@@ -34,7 +34,11 @@ const CHAIN_DEPTHS: usize = 22;
 const MATCH_BUCKETS: usize = 6;
 /// Chain buckets of one kind (copied alone, or also proposed by the memory).
 const CHAIN_BUCKETS: usize = CHAIN_DEPTHS * MATCH_BUCKETS;
-const BUCKETS: usize = SCORE_BUCKETS + 2 * CHAIN_BUCKETS;
+/// Frequency-tree nodes: levels of their path probability p, round(-8 log2 p) (p >= 0.1,
+/// the tree's floor, is level 26 or less), alone and where the memory's search agreed.
+const FREQ_LEVELS: usize = 32;
+const FREQ_START: usize = SCORE_BUCKETS + 2 * CHAIN_BUCKETS;
+const BUCKETS: usize = FREQ_START + 2 * FREQ_LEVELS;
 /// Pooled chain rates: per kind and match bucket.
 const POOLS: usize = 2 * MATCH_BUCKETS;
 /// Chain nodes the memory also proposed are priced apart after matches shorter than 8
@@ -253,6 +257,11 @@ impl AutoBudget {
                     + depth * MATCH_BUCKETS
                     + mb.min(MATCH_BUCKETS - 1)
             }
+            source @ (NodeSource::Frequent | NodeSource::FrequentAgreed) => {
+                let p = tree.scores[i].clamp(1e-12, 1.0);
+                let level = ((-8.0 * p.log2()).round() as usize).min(FREQ_LEVELS - 1);
+                FREQ_START + (source == NodeSource::FrequentAgreed) as usize * FREQ_LEVELS + level
+            }
             _ => {
                 let s = tree.scores[i].max(1e-12);
                 ((-4.0 * s.log2()).round().max(0.0) as usize).min(SCORE_BUCKETS - 1)
@@ -270,7 +279,7 @@ impl AutoBudget {
     }
 
     fn is_chain(bucket: usize) -> bool {
-        bucket >= SCORE_BUCKETS
+        (SCORE_BUCKETS..FREQ_START).contains(&bucket)
     }
 
     fn match_bucket(bucket: usize) -> usize {
@@ -285,6 +294,11 @@ impl AutoBudget {
     /// A score bucket's prior acceptance; a chain bucket's prior hold rate (its match
     /// bucket's rate over every depth, itself starting from CHAIN_HOLD).
     fn prior(&self, bucket: usize) -> f32 {
+        if bucket >= FREQ_START {
+            // The tree's own probability; calibration moves it to what such nodes earn.
+            let level = (bucket - FREQ_START) % FREQ_LEVELS;
+            return (2.0f32).powf(-(level as f32) / 8.0);
+        }
         if !Self::is_chain(bucket) {
             return (2.0f32).powf(-(bucket as f32) / 4.0);
         }
@@ -528,7 +542,9 @@ impl AutoBudget {
     /// (bucket kind, key, prior, observed count, calibrated rate) for every bucket with
     /// observations: "score" buckets give acceptance probabilities, "chain" buckets (key:
     /// depth bucket x 6 + match bucket) and "agreed" buckets (the same key, for chain nodes
-    /// the memory's search also proposed) hold rates.
+    /// the memory's search also proposed) hold rates, "frequent" and "frequent_agreed"
+    /// buckets (key: round(-8 log2 p) of the frequency tree's probability) acceptance
+    /// probabilities.
     pub fn calibration(&self) -> Vec<(&'static str, u32, f32, f32, f32)> {
         (0..BUCKETS)
             .filter(|&b| self.counts[b] > 0.0)
@@ -537,8 +553,12 @@ impl AutoBudget {
                     ("score", b as u32)
                 } else if b < SCORE_BUCKETS + CHAIN_BUCKETS {
                     ("chain", (b - SCORE_BUCKETS) as u32)
-                } else {
+                } else if b < FREQ_START {
                     ("agreed", (b - SCORE_BUCKETS - CHAIN_BUCKETS) as u32)
+                } else if b < FREQ_START + FREQ_LEVELS {
+                    ("frequent", (b - FREQ_START) as u32)
+                } else {
+                    ("frequent_agreed", (b - FREQ_START - FREQ_LEVELS) as u32)
                 };
                 (
                     kind,

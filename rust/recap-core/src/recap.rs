@@ -4,6 +4,7 @@ use crate::drafter::{Drafter, TopKRows};
 use crate::error::{check_tokens, Error, Result};
 use crate::fusion::{Fuser, FusionMode, Priors, Proposal};
 use crate::memory::{key_c, key_g, row_stats, ContextTables, UnigramTable};
+use crate::peers::{SuffixTreeConfig, SuffixTreeDrafter};
 use crate::search::{BestFirst, ProposalSource, SearchParams};
 use crate::shared_memory::{SharedMemory, MAX_K};
 use crate::suffix::SuffixAutomaton;
@@ -28,6 +29,10 @@ pub struct RecapConfig {
     pub seed_context: bool,
     /// Reset U when a request starts (ablation).
     pub reset_unigram: bool,
+    /// Also merge the tree a frequency-counted suffix tree over the request proposes
+    /// (SuffixDecoding's, its defaults), as `Frequent` nodes the automatic budget prices
+    /// by their own calibration. Off: the method as published.
+    pub frequency: bool,
 }
 
 impl Default for RecapConfig {
@@ -42,6 +47,7 @@ impl Default for RecapConfig {
             context_capacity: 8192,
             seed_context: false,
             reset_unigram: false,
+            frequency: false,
         }
     }
 }
@@ -116,6 +122,9 @@ pub struct RecapDrafter {
     excluded: TokenSet,
     fuser: Fuser,
     search: BestFirst,
+    /// The request's frequency-counted suffix tree (`RecapConfig::frequency`).
+    frequent: Option<SuffixTreeDrafter>,
+    graft_at: Vec<usize>,
 }
 
 impl RecapDrafter {
@@ -124,12 +133,23 @@ impl RecapDrafter {
         let vocab_size = memory.vocab_size();
         memory.check_fits(vocab_size, config.k)?;
         check_tokens("excluded", excluded, vocab_size)?;
+        let excluded_set = TokenSet::from_ids(vocab_size, excluded);
+        let frequent = if config.frequency {
+            Some(SuffixTreeDrafter::new(
+                SuffixTreeConfig::default(),
+                excluded_set.clone(),
+            )?)
+        } else {
+            None
+        };
         Ok(RecapDrafter {
+            frequent,
+            graft_at: Vec::new(),
             ctx: ContextTables::new(config.k, config.context_capacity),
             config,
             memory,
             automaton: SuffixAutomaton::new(),
-            excluded: TokenSet::from_ids(vocab_size, excluded),
+            excluded: excluded_set,
             fuser: Fuser::default(),
             search: BestFirst::default(),
         })
@@ -153,6 +173,13 @@ impl RecapDrafter {
             config: &self.config,
         };
         source.children(prev2, prev, token, out);
+    }
+
+    fn frequent_bytes(&self) -> usize {
+        // The frequency tree's own excluded set is a copy of ours: counted once, above.
+        self.frequent
+            .as_ref()
+            .map_or(0, |f| f.bytes().saturating_sub(self.excluded.bytes()))
     }
 
     /// Writes one row under the keys of context (prev2, prev, token).
@@ -188,6 +215,9 @@ impl Drafter for RecapDrafter {
         }
         self.automaton.clear();
         self.automaton.extend(context);
+        if let Some(f) = &mut self.frequent {
+            f.begin_request(context);
+        }
     }
 
     fn seed(&mut self, context: &[u32], start: usize, rows: &TopKRows<'_>) {
@@ -238,11 +268,16 @@ impl Drafter for RecapDrafter {
         }
         let score = match_len as f32;
         tree.graft_chain(cont, score, &self.excluded, max_depth, NodeSource::Suffix);
+        if let Some(f) = &mut self.frequent {
+            let depth = max_depth.max(SuffixTreeConfig::default().max_spec as u32);
+            tree.graft_frequent(f.best_candidate(), &self.excluded, depth, &mut self.graft_at);
+        }
         tree.into_preorder();
     }
 
     fn max_nodes(&self) -> usize {
-        self.config.search.budget + self.config.suffix_len
+        let frequent = self.frequent.as_ref().map_or(0, |f| f.max_nodes());
+        self.config.search.budget + self.config.suffix_len + frequent
     }
 
     fn observe(&mut self, tree: &DraftTree, rows: &TopKRows<'_>, committed: &[u32]) {
@@ -259,6 +294,9 @@ impl Drafter for RecapDrafter {
         }
         drop(u);
         self.automaton.extend(committed);
+        if let Some(f) = &mut self.frequent {
+            f.observe(tree, rows, committed);
+        }
     }
 
     fn parts(&self) -> Vec<(&'static str, usize)> {
@@ -267,10 +305,57 @@ impl Drafter for RecapDrafter {
             ("request C+G", self.ctx.bytes()),
             ("request automaton", self.automaton.bytes()),
             ("excluded set", self.excluded.bytes()),
+            ("request frequency tree", self.frequent_bytes()),
         ]
     }
 
     fn bytes(&self) -> usize {
-        self.memory.bytes() + self.ctx.bytes() + self.automaton.bytes() + self.excluded.bytes()
+        self.memory.bytes()
+            + self.ctx.bytes()
+            + self.automaton.bytes()
+            + self.excluded.bytes()
+            + self.frequent_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drafter(frequency: bool) -> RecapDrafter {
+        let config = RecapConfig {
+            k: 4,
+            frequency,
+            ..RecapConfig::default()
+        };
+        RecapDrafter::new(config, SharedMemory::new(64, 4, 64).unwrap(), &[]).unwrap()
+    }
+
+    #[test]
+    fn the_frequency_tree_proposes_what_followed_the_context_most_often() {
+        // After "5 6", 7 followed twice and 9 once; the memories know nothing yet.
+        let text = [5, 6, 7, 1, 5, 6, 7, 2, 5, 6, 9, 3, 5, 6];
+        let mut tree = DraftTree::default();
+        let mut with = drafter(true);
+        with.begin_request(&text);
+        with.propose(&text, &mut tree);
+        let seven = (1..tree.len()).find(|&i| tree.tokens[i] == 7 && tree.depths[i] == 1);
+        let seven = seven.expect("the most frequent continuation is drafted");
+        assert!(matches!(
+            tree.sources[seven],
+            NodeSource::Frequent | NodeSource::Suffix | NodeSource::Agreed
+        ));
+        assert!(tree.len() <= with.max_nodes() + 1);
+        // The copy graft follows the latest match (9); the frequency tree adds the count.
+        assert!(tree.sources.iter().any(|s| *s == NodeSource::Frequent));
+        let mut paper = drafter(false);
+        paper.begin_request(&text);
+        let mut plain = DraftTree::default();
+        paper.propose(&text, &mut plain);
+        assert!(plain.sources.iter().all(|s| !matches!(
+            s,
+            NodeSource::Frequent | NodeSource::FrequentAgreed
+        )));
+        assert!(paper.max_nodes() < with.max_nodes());
     }
 }

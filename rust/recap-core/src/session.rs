@@ -371,11 +371,12 @@ mod tests {
     fn drafter(kind: usize, vocab: usize) -> Box<dyn Drafter> {
         let memory = SharedMemory::new(vocab, 4, 64).unwrap();
         match kind {
-            0 => {
+            kind @ (0 | 4) => {
                 let config = RecapConfig {
                     k: 4,
                     suffix_len: 64,
                     suffix_adaptive: true,
+                    frequency: kind == 4,
                     ..RecapConfig::default()
                 };
                 Box::new(RecapDrafter::new(config, memory, &[]).unwrap())
@@ -449,7 +450,7 @@ mod tests {
         /// Any call sequence either works or returns an error: no panic, and the history only
         /// ever holds in-vocabulary tokens.
         #[test]
-        fn random_call_sequences_never_panic(kind in 0usize..4, ops in proptest::collection::vec(op(), 1..30)) {
+        fn random_call_sequences_never_panic(kind in 0usize..5, ops in proptest::collection::vec(op(), 1..30)) {
             let vocab = 80;
             let mut s = DraftSession::new(drafter(kind, vocab), vocab).unwrap();
             let mut tree_len = 0;

@@ -20,6 +20,11 @@ pub enum NodeSource {
     /// Copied from earlier text where a prediction memory proposed the same token (a search
     /// node the graft reused); its score is the match length, as for `Suffix`.
     Agreed = 3,
+    /// From a frequency-counted suffix tree over the request (SuffixDecoding's): its score is
+    /// the tree's path probability, count(child) / count(siblings) down from the match.
+    Frequent = 4,
+    /// A `Frequent` node the memory's search also proposed (a search node it reused).
+    FrequentAgreed = 5,
 }
 
 /// Sentinel for "no token" in contexts (the request started fewer than two tokens ago).
@@ -148,6 +153,46 @@ impl DraftTree {
             };
         }
         tokens.len()
+    }
+
+    /// Merges a frequency tree (`nodes`: parent index among `nodes` or -1 for the root,
+    /// token, path probability; parents first) into this tree, reusing existing children.
+    /// A reused search node becomes `FrequentAgreed` and takes the probability as its
+    /// score; a reused copied-text node keeps its chain price (a long match is the stronger
+    /// evidence). Nodes below an excluded token or past `max_depth` are dropped. Returns the
+    /// nodes added.
+    pub fn graft_frequent(
+        &mut self,
+        nodes: &[(i32, u32, f32)],
+        excluded: &TokenSet,
+        max_depth: u32,
+        at: &mut Vec<usize>,
+    ) -> usize {
+        const DROPPED: usize = usize::MAX;
+        at.clear();
+        let mut added = 0;
+        for &(parent, tok, prob) in nodes {
+            let parent = if parent < 0 { 0 } else { at[parent as usize] };
+            if parent == DROPPED || excluded.contains(tok) || self.depths[parent] >= max_depth {
+                at.push(DROPPED);
+                continue;
+            }
+            let node = match self.child_with_token(parent, tok) {
+                Some(existing) => {
+                    if self.sources[existing] == NodeSource::Search {
+                        self.sources[existing] = NodeSource::FrequentAgreed;
+                        self.scores[existing] = prob;
+                    }
+                    existing
+                }
+                None => {
+                    added += 1;
+                    self.push(parent, tok, prob, NodeSource::Frequent)
+                }
+            };
+            at.push(node);
+        }
+        added
     }
 
     /// The child of `parent` carrying `token`, if any.
@@ -413,6 +458,37 @@ mod tests {
         assert_eq!(source_of(13), NodeSource::Suffix); // the copy alone
         assert_eq!(source_of(14), NodeSource::Suffix);
         assert!(t.scores[a] == 3.0); // priced by its match, as every chain node
+    }
+
+    #[test]
+    fn a_frequency_graft_reuses_nodes_and_drops_what_it_cannot_place() {
+        let mut t = DraftTree::default();
+        t.reset(10, [NO_TOKEN, NO_TOKEN]);
+        let a = t.push(0, 11, 0.6, NodeSource::Search);
+        let none = TokenSet::from_ids(64, &[]);
+        t.graft_chain(&[20, 21], 5.0, &none, 8, NodeSource::Suffix);
+        let banned = TokenSet::from_ids(64, &[30]);
+        // 11 (reuses the search node), 12 below it, 20 (reuses the copy), 30 (excluded)
+        // and 31 below the excluded one, 13 past the depth limit.
+        let nodes = [
+            (-1, 11, 0.9),
+            (0, 12, 0.5),
+            (-1, 20, 0.8),
+            (-1, 30, 0.4),
+            (3, 31, 0.3),
+            (1, 13, 0.2),
+        ];
+        let mut at = Vec::new();
+        assert_eq!(t.graft_frequent(&nodes, &banned, 2, &mut at), 1);
+        let source_of = |tok: u32| t.tokens.iter().position(|&x| x == tok).map(|i| t.sources[i]);
+        assert_eq!(source_of(11), Some(NodeSource::FrequentAgreed));
+        assert!(t.scores[a] == 0.9);
+        assert_eq!(source_of(12), Some(NodeSource::Frequent));
+        assert_eq!(source_of(20), Some(NodeSource::Suffix)); // the copy keeps its price
+        assert_eq!(source_of(30), None);
+        assert_eq!(source_of(31), None);
+        assert_eq!(source_of(13), None);
+        assert_eq!(t.len(), 5);
     }
 
     #[test]

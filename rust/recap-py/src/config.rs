@@ -25,6 +25,7 @@ pub struct Knobs<'a> {
     pub context_capacity: i64,
     pub seed_context: bool,
     pub reset_memory: bool,
+    pub frequency: bool,
 }
 
 impl Knobs<'_> {
@@ -49,6 +50,7 @@ impl Knobs<'_> {
             context_capacity: nonneg("context_capacity", self.context_capacity)?,
             seed_context: self.seed_context,
             reset_unigram: self.reset_memory,
+            frequency: self.frequency,
         };
         config.validate().map_err(to_py)?;
         Ok(config)
@@ -109,6 +111,7 @@ fn check_recap_config(
         context_capacity,
         seed_context: false,
         reset_memory: false,
+        frequency: false,
     }
     .build()?;
     if memory_capacity < 1 {

@@ -129,8 +129,8 @@ impl Drafter {
     #[staticmethod]
     #[pyo3(signature = (vocab_size, *, k = None, budget = None, max_depth = None, eta = None,
         priors = None, fusion = None, suffix_len = None, suffix_adaptive = false,
-        context_capacity = None, seed_context = false, reset_memory = false, excluded = None,
-        memory = None))]
+        context_capacity = None, seed_context = false, reset_memory = false, frequency = false,
+        excluded = None, memory = None))]
     #[allow(clippy::too_many_arguments)]
     fn recap(
         py: Python<'_>,
@@ -146,6 +146,7 @@ impl Drafter {
         context_capacity: Option<i64>,
         seed_context: bool,
         reset_memory: bool,
+        frequency: bool,
         excluded: Option<&Bound<'_, PyAny>>,
         memory: Option<Py<PersistentMemory>>,
     ) -> PyResult<Self> {
@@ -163,6 +164,7 @@ impl Drafter {
             context_capacity: context_capacity.unwrap_or(d.context_capacity as i64),
             seed_context,
             reset_memory,
+            frequency,
         }
         .build()?;
         let memory = memory_or_new(py, memory, vocab_size, config.k)?;

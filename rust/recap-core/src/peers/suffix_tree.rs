@@ -371,6 +371,20 @@ impl SuffixTreeDrafter {
     }
 }
 
+impl SuffixTreeDrafter {
+    /// The best tree below the current text's matches, as (parent among these nodes or -1
+    /// for the root, token, path probability), parents first: what `propose` drafts.
+    pub fn best_candidate(&mut self) -> &[(i32, u32, f32)] {
+        self.best.nodes.clear();
+        self.best.score = 0.0;
+        self.best_over(false);
+        if self.config.cross_request {
+            self.best_over(true);
+        }
+        &self.best.nodes
+    }
+}
+
 impl Drafter for SuffixTreeDrafter {
     fn name(&self) -> &'static str {
         "suffix"
@@ -388,12 +402,7 @@ impl Drafter for SuffixTreeDrafter {
     }
     fn propose(&mut self, history: &[u32], tree: &mut DraftTree) {
         tree.start(history);
-        self.best.nodes.clear();
-        self.best.score = 0.0;
-        self.best_over(false);
-        if self.config.cross_request {
-            self.best_over(true);
-        }
+        self.best_candidate();
         let mut index = Vec::with_capacity(self.best.nodes.len());
         for &(parent, token, prob) in &self.best.nodes {
             let at = if parent < 0 {
