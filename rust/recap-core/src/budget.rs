@@ -1001,4 +1001,24 @@ mod tests {
         assert!(AutoBudget::new(vec![]).is_err());
         assert!(AutoBudget::new(vec![1.0, f32::NAN]).is_err());
     }
+
+    #[test]
+    fn frequency_nodes_start_at_their_probability_and_learn_apart_from_agreed_ones() {
+        let mut t = DraftTree::default();
+        t.reset(1, [NO_TOKEN, NO_TOKEN]);
+        t.push(0, 5, 0.9, NodeSource::Frequent);
+        t.push(0, 6, 0.9, NodeSource::FrequentAgreed);
+        let mut b = AutoBudget::new(vec![1.0; 8]).unwrap();
+        let (alone, agreed) = (AutoBudget::bucket(&t, 1), AutoBudget::bucket(&t, 2));
+        assert_ne!(alone, agreed);
+        assert!(!AutoBudget::is_chain(alone) && !AutoBudget::is_chain(agreed));
+        assert!((b.prior(alone) - 0.9).abs() < 0.05, "{}", b.prior(alone));
+        for _ in 0..50 {
+            b.learn(&t, &[0, 2]); // the agreed one always holds, the lone one never
+        }
+        assert!(b.probability(alone) < 0.1);
+        assert!(b.probability(agreed) > 0.9);
+        let kinds: Vec<&str> = b.calibration().iter().map(|c| c.0).collect();
+        assert!(kinds.contains(&"frequent") && kinds.contains(&"frequent_agreed"));
+    }
 }

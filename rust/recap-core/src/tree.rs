@@ -480,7 +480,12 @@ mod tests {
         ];
         let mut at = Vec::new();
         assert_eq!(t.graft_frequent(&nodes, &banned, 2, &mut at), 1);
-        let source_of = |tok: u32| t.tokens.iter().position(|&x| x == tok).map(|i| t.sources[i]);
+        let source_of = |tok: u32| {
+            t.tokens
+                .iter()
+                .position(|&x| x == tok)
+                .map(|i| t.sources[i])
+        };
         assert_eq!(source_of(11), Some(NodeSource::FrequentAgreed));
         assert!(t.scores[a] == 0.9);
         assert_eq!(source_of(12), Some(NodeSource::Frequent));
