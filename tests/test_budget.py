@@ -60,7 +60,9 @@ def test_observed_rejections_shrink_later_trees():
     first = len(d.propose())
     for _ in range(40):  # the target never agrees with a draft: only the bonus is committed
         t = d.propose()
-        pred = np.full(len(t), V - 1, dtype=np.int64)
+        # A bonus no node of this tree drafts (a repeated one would be learned and drafted).
+        bonus = next(x for x in range(V - 1, 0, -1) if x not in set(t.tokens.tolist()))
+        pred = np.full(len(t), bonus, dtype=np.int64)
         ids = np.tile(np.arange(V - 8, V, dtype=np.int64)[::-1], (len(t), 1))
         d.observe(pred, ids, np.full((len(t), 8), 0.1, dtype=np.float32))
     sizes = [len(d.propose()) for _ in range(1)]
@@ -114,7 +116,7 @@ def test_calibrate_measures_but_leaves_fixed_budgets_and_peers_their_own_trees()
             dec = recap.Decoder(model, config, drafter=drafter)
             if calibrated:
                 curve = dec.calibrate()  # measured up to the drafter's largest tree
-                assert curve.points[:2] == [1, 4] and len(curve.seconds) == len(curve.points) >= 3
+                assert curve.points[:3] == [1, 2, 4] and len(curve.seconds) == len(curve.points) >= 4
             dec.generate(ids, max_new_tokens=40, eos_token_id=None)
             assert dec.last_stats.predicted_accepted == 0.0, drafter  # no controller ranked them
             sizes.append(dec.last_stats.tree_sizes)
@@ -158,7 +160,7 @@ def test_suffix_chain_adapts_only_with_the_automatic_budget():
     assert chains[0] == 4 and chains["auto"] == 10  # match of 5: all of 6..10, 1..5 (< 16)
 
 
-def test_first_use_prices_the_layout_probes_sizes_by_the_probes_own_passes(monkeypatch):
+def test_first_use_prices_each_size_by_the_median_of_warm_passes_and_the_probes_own(monkeypatch):
     import copy
 
     from recap import budget, layout_choice, linear_layout
@@ -182,17 +184,29 @@ def test_first_use_prices_the_layout_probes_sizes_by_the_probes_own_passes(monke
     def probe(size):
         return [t for n, product, t in runs if n == size and product == plan.product(size)]
 
-    assert layout_choice.PROBE_TOKENS == tuple(budget.POINTS) == (1, 4, 16)
-    # The probe's own fastest pass at each size, made non-decreasing as every curve is (on a tiny
-    # model a 16-token pass can time below a 4-token one)
-    own = [min(probe(n)) for n in (1, 4, 16)]
-    assert cost.points == [1, 4, 16] and cost.seconds == budget._monotone(np.asarray(own)).tolist()
+    assert layout_choice.PROBE_TOKENS == tuple(budget.POINTS) == (1, 2, 4, 16)
+    points = list(budget.POINTS)
+    # The curve's own passes come last: one untimed pass per size, then REPS interleaved
+    # rounds, all in the chosen plan's products.
+    own = runs[-len(points) * (1 + budget.REPS):]
+    probe_runs = runs[:-len(own)]
+    assert [n for n, _, _ in own] == points * (1 + budget.REPS)
+    assert all(product == plan.product(n) for n, product, _ in own)
+    timed = own[len(points):]
+    # Each point: the median of its timed passes and the probe's fastest pass at that size in
+    # the plan's product, made non-decreasing as every curve is (on a tiny model a 16-token
+    # pass can time below a 4-token one).
+    want = [float(np.median([t for m, _, t in timed if m == n]
+                            + [min(t for m, product, t in probe_runs if m == n and product == plan.product(n))]))
+            for n in points]
+    assert cost.points == points and cost.seconds == budget._monotone(np.asarray(want)).tolist()
+    assert cost.passes == (budget.REPS + 1,) * len(points) and cost.confirmed_by == 0
     # The probe ran every size in the model's own products and in the trial plan's (one or
     # two rounds; no warm-up, since the conformance probe had just run the model); the
-    # transposed copy's first pass was one untimed token; the curve added no pass.
-    sizes = [n for n, _, _ in runs]
-    assert sizes.count(4) == sizes.count(16) in (2, 4) and sizes.count(1) in (3, 5)
-    assert [product for n, product, _ in runs if n == 1][1] == "copy"  # the copy's warm-up
+    # transposed copy's first pass was one untimed token.
+    sizes = [n for n, _, _ in probe_runs]
+    assert sizes.count(2) == sizes.count(4) == sizes.count(16) in (2, 4) and sizes.count(1) in (3, 5)
+    assert [product for n, product, _ in probe_runs if n == 1][1] == "copy"  # the copy's warm-up
 
 
 def _state(points, ms, ratio, seen, steps=100, overall=1.0):
@@ -210,26 +224,56 @@ def test_a_kept_curve_that_decoding_shows_wrong_is_replaced_here_and_in_the_stor
     monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
     model = copy.deepcopy(text_model("Llama"))
     key = budget.model_key(model) + ("default",)
-    kept = budget.CostModel([1, 4, 12], [0.100, 0.020, 0.030])  # c(1) taken while the machine was busy
+    # Kept from an earlier process (confirmed then), but c(1) was taken while the machine was busy.
+    kept = budget.CostModel([1, 4, 12], [0.100, 0.020, 0.030], confirmed_by=100, passes=(9, 9, 9))
     state_of(model).cost_curves[key] = kept
     # Too few steps, or every point within HEAL_OFF of the kept curve: left alone.
     few = _state([1, 4, 12], [100, 20, 30], [0.2, 1, 1], [50, 0, 0], steps=10)
-    assert budget.heal(model, ("default",), few) is None
-    assert budget.heal(model, ("default",), _state([1, 4, 12], [100, 20, 30], [1.1, 0.9, 1.2], [50, 9, 9])) is None
-    assert budget.heal(model, ("default",), None) is None
+    assert budget.settle(model, ("default",), few) is None
+    assert budget.settle(model, ("default",), _state([1, 4, 12], [100, 20, 30], [1.1, 0.9, 1.2], [50, 9, 9])) is None
+    assert budget.settle(model, ("default",), None) is None
     assert state_of(model).cost_curves[key] is kept
     # Point 1 really costs 15 ms (50 passes say so); 4 was seen too little to judge; the curve
     # grew online to 24 (well seen) and 40 (seen once: left out).
-    healed = budget.heal(model, ("default",), _state([1, 4, 12, 24, 40], [100, 20, 30, 44, 60],
+    healed = budget.settle(model, ("default",), _state([1, 4, 12, 24, 40], [100, 20, 30, 44, 60],
                                                      [0.15, 0.5, 1.1, 1.0, 1.0], [50, 2, 9, 12, 1], overall=1.2))
     assert healed is not None and healed.points == [1, 4, 12, 24]
     assert healed.seconds == pytest.approx([0.015, 0.024, 0.033, 0.044])  # 4: the global correction
     assert state_of(model).cost_curves[key] is healed
     stored = measurements.load(measurements.key(model, "cost", ("default",)))
-    assert stored == {"points": healed.points, "seconds": healed.seconds}  # what the next process loads
+    assert stored == {"points": healed.points, "seconds": healed.seconds,  # what the next process loads
+                      "confirmed_by": 100, "passes": [50, 100, 9, 12]}  # 4: backed by every step
     # The healed curve is what later requests are judged against: the same state is now right.
-    assert budget.heal(model, ("default",), _state([1, 4, 12, 24], [100, 20, 30, 44], [0.15, 1.2, 1.1, 1.0],
+    assert budget.settle(model, ("default",), _state([1, 4, 12, 24], [100, 20, 30, 44], [0.15, 1.2, 1.1, 1.0],
                                                    [60, 2, 10, 13], overall=1.2)) is None
+
+
+def test_a_first_use_curve_is_stored_only_once_decoding_confirms_it(tmp_path, monkeypatch):
+    import copy
+
+    from recap import budget, measurements
+    from recap.model_state import state_of
+
+    monkeypatch.setenv("RECAP_CACHE", "1")
+    monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
+    model = copy.deepcopy(text_model("Llama"))
+    key = budget.model_key(model) + ("default",)
+    stored_as = measurements.key(model, "cost", ("default",))
+    measured = budget.CostModel([1, 2, 4, 16], [0.010, 0.010, 0.011, 0.014], passes=(4, 4, 4, 4))
+    state_of(model).cost_curves[key] = measured
+    agrees = _state([1, 2, 4, 16], [10, 10, 11, 14], [1.05, 1.0, 0.95, 1.1], [40, 30, 9, 0], steps=70)
+    assert budget.settle(model, ("default",), dict(agrees, observed_steps=20)) is None  # too few steps
+    assert measurements.load(stored_as) is None
+    confirmed = budget.settle(model, ("default",), agrees)
+    assert confirmed is not None and confirmed.seconds == measured.seconds and confirmed.confirmed_by == 70
+    assert measurements.load(stored_as) == {"points": [1, 2, 4, 16], "seconds": measured.seconds,
+                                            "confirmed_by": 70, "passes": [4, 4, 4, 4]}
+    assert budget.settle(model, ("default",), agrees) is None  # confirmed already: nothing to write
+    # A stored entry without confirmation (an older store, or a hand-written one) is not read.
+    for entry in ({"points": [1, 4], "seconds": [0.5, 0.6]}, {"points": [1, 4], "seconds": [0.5, 0.6], "confirmed_by": 3},
+                  {"points": [1, 4], "seconds": [0.5, -1.0], "confirmed_by": 99}):
+        assert budget._confirmed(entry) is None
+    assert budget._confirmed(measurements.load(stored_as)) == confirmed
 
 
 def test_decoding_replaces_a_wrong_stored_curve_for_the_next_process(tmp_path, monkeypatch):
@@ -242,7 +286,8 @@ def test_decoding_replaces_a_wrong_stored_curve_for_the_next_process(tmp_path, m
     monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
     model = copy.deepcopy(text_model("Qwen2"))
     stored_as = measurements.key(model, "cost", ("default",))
-    measurements.store(stored_as, {"points": [1, 4, 16], "seconds": [5.0, 6.0, 7.0]})  # seconds, not ms
+    measurements.store(stored_as, {"points": [1, 4, 16], "seconds": [5.0, 6.0, 7.0],  # seconds, not ms
+                                   "confirmed_by": budget.HEAL_AFTER, "passes": [64, 64, 64]})
     prompt = torch.tensor([[5, 9, 14, 21, 7, 33, 5, 9, 14, 21]])
     want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=120,
                           min_new_tokens=120, do_sample=False)
@@ -263,6 +308,6 @@ def test_decoding_replaces_a_wrong_stored_curve_for_the_next_process(tmp_path, m
               for p, t, r, n in zip(real["points"], real["ms"], real["online_ratio"], real["seen"], strict=True)
               if n >= budget.HEAL_SEEN or p in dec.cost.points]
     assert dec.cost.seconds[0] == pytest.approx(min(priced), rel=budget.HEAL_OFF)
-    assert measurements.load(stored_as)["seconds"] == dec.cost.seconds
+    assert measurements.load(stored_as)["seconds"] == dec.cost.seconds and dec.cost.confirmed_by >= budget.HEAL_AFTER
     state_of(model).__init__()  # a later process on the same model
     assert recap.Decoder(model, linear_layout="default").cost.seconds == dec.cost.seconds

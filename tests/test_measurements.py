@@ -18,12 +18,17 @@ def test_a_second_process_takes_the_cost_curve_without_measuring(tmp_path, monke
     real = budget._measure
     monkeypatch.setattr(budget, "_measure", lambda *a, **k: calls.append(1) or real(*a, **k))
     model = copy.deepcopy(text_family("Llama"))  # a copy starts with nothing measured in-process
-    first = recap.Decoder(model, linear_layout=LAYOUT).calibrate()
-    assert calls == [1] and any(tmp_path.glob("cost-*.json"))
+    dec = recap.Decoder(model, linear_layout=LAYOUT)
+    first = dec.calibrate()
+    assert calls == [1] and not any(tmp_path.glob("cost-*.json"))  # not stored before decoding confirms it
+    prompt = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    while dec.cost.confirmed_by == 0:  # the online curve carries over: its steps add up
+        dec.generate(prompt, max_new_tokens=40, min_new_tokens=40)
+    first = dec.cost
+    assert any(tmp_path.glob("cost-*.json")) and first.confirmed_by >= budget.HEAL_AFTER
     again = copy.deepcopy(model)  # as a new process sees it: nothing kept with the model
     second = recap.Decoder(again, linear_layout=LAYOUT).calibrate()
     assert calls == [1] and second.points == first.points and second.seconds == first.seconds
-    prompt = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
     assert torch.equal(recap.Decoder(again, linear_layout=LAYOUT).generate(prompt, max_new_tokens=12),
                        again.generate(prompt, max_new_tokens=12, do_sample=False))
     recap.Decoder(copy.deepcopy(model), linear_layout=LAYOUT).calibrate(refresh=True)  # refresh measures again

@@ -74,6 +74,41 @@ def test_the_streamer_gets_the_prompt_once_and_then_each_commit():
         assert sum(log.calls[1:-1], []) == out[0, PROMPT.shape[1]:].tolist()
 
 
+def test_one_left_padded_prompt_streams_ends_and_scores_as_an_unpadded_one():
+    """What a tokenizer returns for a single prompt with padding=True (as evaluation harnesses
+    send it): the streamer gets the padded prompt, every generated token and end(); scores and
+    logits are generate's."""
+    class Log:
+        def __init__(self):
+            self.calls = []
+
+        def put(self, value):
+            self.calls.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.calls.append("end")
+
+    model = text_family("Llama")
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), PROMPT], dim=1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(PROMPT)], dim=1)
+    for call in ("custom_generate", "decoder"):
+        kw = dict(GREEDY, return_dict_in_generate=True, output_scores=True, output_logits=True)
+        if call == "custom_generate":  # generate's own processors, through its own path
+            kw["repetition_penalty"] = 1.3
+        want = model.generate(padded, attention_mask=mask, **kw)
+        log = Log()
+        if call == "custom_generate":
+            got = model.generate(padded, attention_mask=mask, custom_generate=recap.generate, streamer=log, **kw)
+        else:
+            got = recap.Decoder(model).generate(padded, attention_mask=mask, streamer=log,
+                                                **{k: v for k, v in kw.items() if k != "pad_token_id"})
+        assert torch.equal(got.sequences, want.sequences), call
+        assert log.calls[0] == padded[0].tolist() and log.calls[-1] == "end", call
+        assert sum(log.calls[1:-1], []) == got.sequences[0, padded.shape[1]:].tolist(), call
+        close(got.scores, want.scores)
+        close(got.logits, want.logits)
+
+
 def close(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):

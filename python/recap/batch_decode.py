@@ -7,7 +7,10 @@ prompts (left-padded) -> one prefill -> each row's first token -> loop {
 
 Row i's tokens are the tokens its own `generate` at batch 1 gives (and batched `generate`'s
 row i): each row has its own session, tree, positions and mask, so nothing of another row
-enters its computation except through the shape of the pass.
+enters its computation except through the shape of the pass. A row alone (one prompt with
+left padding, as evaluation harnesses send it) gets what a one-row request gets: the
+streamer (its padded prompt, every committed token, then `end()`) and, with
+`return_dict_in_generate`, its scores and logits.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from recap.acceptance import NodePicks
 from recap.batch_budget import BatchBudget
 from recap.batch_pass import BatchTreePass
 from recap.model_state import state_of
-from recap.outputs import RecapGenerateOutput
+from recap.outputs import RecapGenerateOutput, TokenRows
 from recap.stats import GenerationStats
 
 
@@ -35,6 +38,16 @@ class _Row:
         self.session, self.chooser = session, chooser
         self.out: list[int] = []
         self.picks: NodePicks | None = None
+        # A row alone: its streamer and the raw logits row of every committed token.
+        self.streamer: Any = None
+        self.logit_rows: TokenRows | None = None
+
+    def commit(self, tokens: list[int], logit_rows: torch.Tensor | None = None) -> None:
+        """Hands committed tokens (already in `out`) to the streamer, their rows to the kept ones."""
+        if self.streamer is not None:
+            self.streamer.put(torch.tensor(tokens))
+        if self.logit_rows is not None and logit_rows is not None:
+            self.logit_rows.add(logit_rows)
 
 
 def decode_batch(decoder, req, sessions: list) -> Any:
@@ -56,10 +69,13 @@ def decode_batch(decoder, req, sessions: list) -> Any:
     for b in range(req.batch):
         padded = ids[b].tolist()
         rows.append(_Row(b, padded[pads[b]:], padded, sessions[b], req.choosers[b]))
+    if req.batch == 1:
+        _alone(req, rows[0], ids)
     keep = []
     for b, row in enumerate(rows):
         first = row.chooser.choose(row.padded, last[b], 0)
         row.out.append(first)
+        row.commit([first], last[b:b + 1])
         if not _finished(decoder, req, row, first):
             row.session.begin(np.asarray(row.prompt + [first], dtype=np.int64))
             row.session.limit_new_tokens(req.max_new - len(row.out))
@@ -76,13 +92,31 @@ def decode_batch(decoder, req, sessions: list) -> Any:
         active = _step(decoder, req, tp, active, stats, budget, k)
     for row in rows:
         row.session.finish()
+        if row.streamer is not None:
+            row.streamer.end()
     stats.kv_bytes = tp.cache.nbytes()
     stats.new_tokens = sum(len(r.out) for r in rows)
     stats.total_s = time.perf_counter() - t_start
     sequences = _sequences(req, rows)
     if not req.return_dict:
         return sequences
-    return RecapGenerateOutput(sequences=cast(torch.LongTensor, sequences), recap_stats=stats.as_dict())
+    kept = rows[0].logit_rows if req.batch == 1 else None
+    n, prompt_len = len(rows[0].out), ids.shape[1]
+    logits: Any = kept.logits(n) if kept is not None and req.output_logits else None
+    scores: Any = (kept.scores(req.chooser.processors, sequences, prompt_len, n)
+                   if kept is not None and req.output_scores else None)
+    return RecapGenerateOutput(sequences=cast(torch.LongTensor, sequences), logits=logits, scores=scores,
+                               recap_stats=stats.as_dict())
+
+
+def _alone(req, row: _Row, ids: torch.Tensor) -> None:
+    """A row alone takes the request's streamer (given its padded prompt now, as `generate`
+    does) and keeps its rows for scores or logits."""
+    row.streamer = req.streamer
+    if row.streamer is not None and not req.streamer_has_prompt:
+        row.streamer.put(ids.cpu())
+    if req.keeps_rows:
+        row.logit_rows = TokenRows()
 
 
 def _step(decoder, req, tp: BatchTreePass, active: list[_Row], stats: GenerationStats,
@@ -123,6 +157,10 @@ def _step(decoder, req, tp: BatchTreePass, active: list[_Row], stats: Generation
                 break
         if row.picks is not None:
             row.picks.commit(new)
+        kept = None
+        if row.logit_rows is not None:
+            kept = logits[j].index_select(0, torch.from_numpy(path).to(logits.device))
+        row.commit(new, kept)
         done.append(stop)
     t4 = time.perf_counter()
     tp.compact(paths, t)

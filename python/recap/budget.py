@@ -2,18 +2,25 @@
 
 c(n) is the time of one verification pass over n tree tokens (root included), top-k and the
 device-to-host copy included, exactly as a decoding step runs it. At first use it is measured
-only for the small trees every request needs (POINTS: 1, 4 and 16 tokens, one pass each
-after a warm-up: the online corrections start from the first real passes, so a second
-timing would be replaced within a few steps anyway; all three are the linear-layout
-probe's where that ran), once per model, device, dtype, thread count and linear layout (cached with
-the model and across processes, `recap.measurements`), and handed to the drafter
-(`Drafter.set_cost_points`).
+only for the small trees every request needs (POINTS: 1, 2, 4 and 16 tokens) and handed to
+the drafter (`Drafter.set_cost_points`). No single pass decides a point: each size gets one
+untimed pass (a new shape's first pass builds its kernels), then REPS timed passes in
+interleaved rounds (a disturbance touches every size, not one), and the point is their
+median (a pass the conformance or layout probe timed joins as one more sample); the curve
+is made non-decreasing in n. It is kept with the model for the process, once per model,
+device, dtype, thread count and linear layout.
+
 The controller itself is Rust (`recap_core::cost`, `recap_core::budget`): it corrects the
 curve online from every step's timings (the true cost also grows with the context length),
-extends it with the real passes the controller asks for past its last point (bigger trees
-are priced by the extrapolation until one has run), adds the host time per step, and cuts
-each tree to the prefix with the most expected committed tokens per second. When decoding
-shows the kept curve wrong, the curve the controller prices with replaces it (`heal`).
+extends it with the real passes the controller asks for past its last point, adds the host
+time per step, and cuts each tree to the prefix with the most expected committed tokens per
+second; its backoff judges drafting by measured step times, not by the curve.
+
+Only a curve decoding has confirmed is stored for later processes (`recap.measurements`):
+once a request's online curve has seen HEAL_AFTER steps, `settle` stores the first-use
+curve if decoding agrees with it, or the corrected one if decoding shows it wrong (a curve
+measured while the machine was busy, one a long context outgrew). Each stored point says
+how many real passes back it; a stored curve that decoding contradicts is replaced.
 """
 
 from __future__ import annotations
@@ -28,19 +35,22 @@ import torch
 from recap import measurements
 from recap.model_state import state_of
 
-# c(n) is near-linear between them; bigger sizes are added online. They are the
-# linear-layout probe's sizes (recap.layout_choice.PROBE_TOKENS): where it ran, its passes
-# are the curve's points.
+# c(n) is near-linear between 2 and 16; bigger sizes are added online. 2 is its own point:
+# on a CPU a 2-token pass costs about what a 1-token pass does, which interpolating from 4
+# would hide from the controller. They are the linear-layout probe's sizes
+# (recap.layout_choice.PROBE_TOKENS): where it ran, its passes are samples of the points.
 # 16, not 12: past its last point the curve extrapolates the last segment's slope, and the
 # blocks of 16 rows MKL multiplies fast (recap.linear_layout) make c(12) near c(16): from
 # (4, 12) SmolLM2's slope priced 32 tokens at 1.6x what they cost, from (4, 16) at 1.15x.
-POINTS = (1, 4, 16)
+POINTS = (1, 2, 4, 16)
+# Timed passes per point at first use (after one untimed pass per size); the median counts.
+REPS = 3
 # Context tokens in the cache while measuring (the online corrections follow real contexts).
 # Its prefill is a first-use cost: 64 tokens took 0.35 s on the 0.5B-shaped model, 16 take 0.23.
 CALIBRATION_PAST = 16
-# The stored curve is replaced by what decoding measured (`heal`) once the online curve has
-# seen HEAL_AFTER steps and a point that HEAL_SEEN real passes corrected is HEAL_OFF (relative)
-# away from it, or such a point lies past its last one.
+# A curve is settled (stored, or replaced by what decoding measured) once the online curve
+# has seen HEAL_AFTER steps; it is wrong when a point that HEAL_SEEN real passes corrected is
+# HEAL_OFF (relative) away from it, or such a point lies past its last one.
 HEAL_AFTER = 64
 HEAL_SEEN = 8
 HEAL_OFF = 0.25
@@ -52,6 +62,14 @@ class CostModel:
 
     points: list[int]
     seconds: list[float]
+    #: Decoding steps that confirmed it (0: measured at first use, not yet confirmed).
+    confirmed_by: int = 0
+    #: Real passes that back each point (first-use samples, or online corrections).
+    passes: tuple[int, ...] = ()
+
+    def stored(self) -> dict:
+        return {"points": self.points, "seconds": self.seconds, "confirmed_by": self.confirmed_by,
+                "passes": list(self.passes)}
 
 
 def _monotone(y: np.ndarray) -> np.ndarray:
@@ -67,9 +85,23 @@ def model_key(model: torch.nn.Module) -> tuple:
     return (str(p.device), str(p.dtype), torch.get_num_threads())
 
 
+def _confirmed(kept: Any) -> CostModel | None:
+    """A stored curve, if it is one decoding confirmed (anything else is measured again)."""
+    if not (isinstance(kept, dict) and kept.get("points") and kept.get("confirmed_by", 0) >= HEAL_AFTER):
+        return None
+    try:
+        points, seconds = [int(p) for p in kept["points"]], [float(t) for t in kept["seconds"]]
+        backed = tuple(int(n) for n in kept.get("passes", ()))
+    except (TypeError, ValueError):
+        return None
+    if len(points) != len(seconds) or not all(t > 0 for t in seconds):
+        return None
+    return CostModel(points, seconds, int(kept["confirmed_by"]), backed)
+
+
 def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tuple = (),
-               refresh: bool = False, reps: int = 1, passes: ChainPasses | None = None,
-               known: dict[int, float] | None = None, warm: bool = False,
+               refresh: bool = False, reps: int = REPS, passes: ChainPasses | None = None,
+               known: dict[int, float] | None = None,
                points: tuple[int, ...] = POINTS) -> CostModel:
     """The cached cost model of `model` (measured now if missing, or if `refresh`).
 
@@ -78,9 +110,10 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
     `variant` names anything else the passes depend on (the linear layout they run in).
     `passes`, when given, is a context already built (the first use's, shared with the
     layout probe) to measure in, if it holds the largest point; `known` holds points
-    measured there already (the layout probe's passes, in the layout chosen). `warm`: the
-    model has just run passes (the conformance probe), so no pass warms up first. `points`: the
-    sizes to take (the controller extends the curve online past the last)."""
+    measured there already (the layout probe's passes, in the layout chosen: one sample each).
+    `points`: the sizes to take
+    (the controller extends the curve online past the last). A curve measured here is not
+    stored; `settle` stores it once decoding confirms it."""
     per_model = state_of(model).cost_curves  # with the model: it goes when the model goes
     key = model_key(model) + tuple(variant)
     found = per_model.get(key)
@@ -88,31 +121,31 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
     if found is not None and not refresh and found.points[-1] >= covers:
         return found
     stored_as = measurements.key(model, "cost", tuple(variant))
-    kept = None if refresh else measurements.load(stored_as)  # measured by an earlier process
-    if isinstance(kept, dict) and kept.get("points") and kept["points"][-1] >= covers:
-        per_model[key] = CostModel([int(p) for p in kept["points"]], [float(t) for t in kept["seconds"]])
-        return per_model[key]
+    kept = None if refresh else _confirmed(measurements.load(stored_as))  # an earlier process's
+    if kept is not None and kept.points[-1] >= covers:
+        per_model[key] = kept
+        return kept
     sizes = sorted({p for p in points if p < covers} | {covers})
-    known = dict(known or {})
-    missing = [p for p in sizes if p not in known]
-    if missing:
-        if passes is None or passes.max_tokens < missing[-1]:
-            passes = ChainPasses(model, new_pass, missing[-1])
-        known.update(zip(missing, _measure(passes, missing, reps, warm=warm or passes.runs > 0), strict=True))
-    seconds = _monotone(np.asarray([known[p] for p in sizes])).tolist()
-    per_model[key] = CostModel(sizes, seconds)
-    measurements.store(stored_as, {"points": sizes, "seconds": seconds})
+    if passes is None or passes.max_tokens < sizes[-1]:
+        passes = ChainPasses(model, new_pass, sizes[-1])
+    samples = _measure(passes, sizes, reps)
+    for p, t in (known or {}).items():
+        if p in samples:
+            samples[p].append(t)
+    seconds = _monotone(np.asarray([float(np.median(samples[p])) for p in sizes])).tolist()
+    per_model[key] = CostModel(sizes, seconds, 0, tuple(len(samples[p]) for p in sizes))
     return per_model[key]
 
 
-def heal(model: torch.nn.Module, variant: tuple, state: dict | None) -> CostModel | None:
-    """Replaces the cost curve kept for `model` (with the model and across processes) by the
-    one the controller now prices with (`state`: a session's `cost_state()`), when decoding
-    has shown the kept one wrong: a curve measured while the machine was busy, or one taken
-    at a short context that long requests outgrow, would otherwise mislead every later
-    process. Each point corrected by at least HEAL_SEEN real passes takes its corrected time;
-    the others take the global correction, as the controller prices them; a point added
-    online that few passes saw is left out. Returns the curve stored, or None."""
+def settle(model: torch.nn.Module, variant: tuple, state: dict | None) -> CostModel | None:
+    """Settles the cost curve kept for `model` against what decoding measured (`state`: a
+    session's `cost_state()`), once the online curve has seen HEAL_AFTER steps. A first-use
+    curve decoding agrees with is stored, confirmed, for later processes; a kept curve
+    decoding shows wrong (measured while the machine was busy, or at a short context that
+    long requests outgrow) is replaced, with the model and in the store, by the one the
+    controller now prices with: each point corrected by at least HEAL_SEEN real passes takes
+    its corrected time, the others the global correction, as the controller prices them; a
+    point added online that few passes saw is left out. Returns the curve stored, or None."""
     if not state or state.get("observed_steps", 0) < HEAL_AFTER:
         return None
     per_model = state_of(model).cost_curves
@@ -122,7 +155,8 @@ def heal(model: torch.nn.Module, variant: tuple, state: dict | None) -> CostMode
         return None
     points, ms = list(state["points"]), list(state["ms"])
     ratio, seen, overall = list(state["online_ratio"]), list(state["seen"]), float(state["global_ratio"])
-    new_points, new_seconds, wrong = [], [], False
+    steps = int(state["observed_steps"])
+    new_points, new_seconds, backed, wrong = [], [], [], False
     for p, t, r, n in zip(points, ms, ratio, seen, strict=True):
         well_seen = n >= HEAL_SEEN
         if p not in kept.points and not well_seen:
@@ -135,13 +169,16 @@ def heal(model: torch.nn.Module, variant: tuple, state: dict | None) -> CostMode
             wrong = True
         new_points.append(int(p))
         new_seconds.append(value)
-    if not wrong:
-        return None
-    healed = CostModel(new_points, _monotone(np.asarray(new_seconds)).tolist())
-    per_model[key] = healed
-    measurements.store(measurements.key(model, "cost", tuple(variant)),
-                       {"points": healed.points, "seconds": healed.seconds})
-    return healed
+        backed.append(int(n) if well_seen else steps)
+    if wrong:
+        settled = CostModel(new_points, _monotone(np.asarray(new_seconds)).tolist(), steps, tuple(backed))
+    elif kept.confirmed_by == 0:
+        settled = CostModel(kept.points, kept.seconds, steps, kept.passes)
+    else:
+        return None  # a confirmed curve decoding agrees with: nothing to write
+    per_model[key] = settled
+    measurements.store(measurements.key(model, "cost", tuple(variant)), settled.stored())
+    return settled
 
 
 class ChainPasses:
@@ -175,14 +212,15 @@ class ChainPasses:
         return time.perf_counter() - t
 
 
-def _measure(passes: ChainPasses, points: list[int], reps: int, warm: bool = False) -> list[float]:
-    """The least of `reps` passes at each point (noise only adds time), after one pass that
-    warms up unless the context has run one (its first pass is the slow one, not each new
-    size's)."""
-    if not warm:
-        passes.run(passes.draw(points[0]))
-    out = []
+def _measure(passes: ChainPasses, points: list[int], reps: int) -> dict[int, list[float]]:
+    """`reps` timed passes at each point, in interleaved rounds (one size after the other, so
+    a disturbance lands on every size alike), after one untimed pass at each size: the first
+    pass of a new shape is the slow one, whatever ran before."""
+    chains = {n: passes.draw(n) for n in points}
     for n in points:
-        tokens = passes.draw(n)
-        out.append(min(passes.run(tokens) for _ in range(reps)))
+        passes.run(chains[n])
+    out: dict[int, list[float]] = {n: [] for n in points}
+    for _ in range(max(1, reps)):
+        for n in points:
+            out[n].append(passes.run(chains[n]))
     return out

@@ -26,7 +26,7 @@ from recap.adapters import ModelAdapter, adapter_for
 from recap.batch_budget import BatchBudget
 from recap.batch_decode import decode_batch
 from recap.budget import POINTS as _COST_POINTS
-from recap.budget import ChainPasses, CostModel, cost_model, heal, model_key
+from recap.budget import ChainPasses, CostModel, cost_model, model_key, settle
 from recap.config import RecapConfig
 from recap.conformance import probe
 from recap.memory_pool import MemoryPool, memory_fingerprint
@@ -39,7 +39,7 @@ from recap.tree_pass import TreePass
 # The cost curve's sizes while the linear layout's choice waits and the conformance probe's
 # passes are not at hand: each pass is one more first-use cost (0.3 s at 12 tokens on the
 # 0.5B-shaped model), and the layout probe measures 16 tokens anyway.
-_PENDING_POINTS = (1, 4)
+_PENDING_POINTS = (1, 2, 4)
 
 
 class _PassFactory:
@@ -190,13 +190,11 @@ class Decoder:
             self._prepared = True
 
     def _pending_curve(self, probed: bool) -> dict:
-        """How to take the cost curve while the layout choice waits: small trees only, from
-        the conformance probe's own passes where it has just run (no pass of its own), else
-        from passes at _PENDING_POINTS; the layout probe adds 16 tokens later."""
-        timed = state_of(self.model).probe_passes
-        if probed and timed:
-            return dict(known=dict(timed), points=tuple(sorted(timed)))
-        return dict(warm=probed, points=_PENDING_POINTS)
+        """How to take the cost curve while the layout choice waits: small trees only, at
+        _PENDING_POINTS and the sizes the conformance probe has just timed (its passes join
+        as samples); the layout probe adds 16 tokens later."""
+        timed = dict(state_of(self.model).probe_passes) if probed else {}
+        return dict(known=timed, points=tuple(sorted(set(_PENDING_POINTS) | set(timed))))
 
     def _choose_layout(self, probe_warm: bool, curve_warm: bool) -> None:
         """The linear layout (`recap.layout_choice.choose`) and, with budget="auto", the cost
@@ -210,7 +208,7 @@ class Decoder:
             known = passes.known(self._plan)
             if self._plan == layouts.DEFAULT and self._cost is not None:
                 known = dict(zip(self._cost.points, self._cost.seconds, strict=True)) | known
-            self._calibrate(passes=passes.built, known=known, warm=curve_warm)
+            self._calibrate(passes=passes.built, known=known)
             self._batch_cost = None
 
     def _settle_layout(self) -> None:
@@ -266,7 +264,7 @@ class Decoder:
     @property
     def cost(self) -> CostModel | None:
         """The measured cost curve behind budget="auto" (taken on first use, or replaced by
-        what decoding measured when that showed it wrong: `recap.budget.heal`); the drafter
+        what decoding measured when that showed it wrong: `recap.budget.settle`); the drafter
         corrects it online (`last_stats.cost` shows its state)."""
         self._prepare(settle=True)
         return self._cost
@@ -292,12 +290,12 @@ class Decoder:
             return self._calibrate(refresh)
 
     def _calibrate(self, refresh: bool = False, passes: ChainPasses | None = None,
-                   known: dict[int, float] | None = None, warm: bool = False,
+                   known: dict[int, float] | None = None,
                    points: tuple[int, ...] = _COST_POINTS) -> CostModel:
         new_pass = _PassFactory(self)
         with self._layout_context():  # not verifying(): this runs inside the first use
             self._cost = cost_model(self.model, new_pass, self._drafter.max_nodes + 1, variant=(self._layout_name(),),
-                                    refresh=refresh, passes=passes, known=known, warm=warm, points=points)
+                                    refresh=refresh, passes=passes, known=known, points=points)
         if self._auto_budget:  # a curve handed to the drafter would cut every tree it drafts
             self._drafter.set_cost_points(self._cost.points, self._cost.seconds)
         return self._cost
@@ -440,9 +438,9 @@ class Decoder:
             streamer.end()
         if self._cost is not None:
             stats.cost = session.cost_state()
-            healed = heal(self.model, (layout,), stats.cost)  # a kept curve decoding showed wrong
-            if healed is not None:
-                self._cost = healed
+            settled = settle(self.model, (layout,), stats.cost)  # confirmed, or replaced if shown wrong
+            if settled is not None:
+                self._cost = settled
         stats.new_tokens = len(out)
         stats.kv_bytes = tp.cache.nbytes()
         stats.total_s = time.perf_counter() - t_start

@@ -79,6 +79,16 @@ const OPTIMISM: f32 = 0.5;
 /// paid. 1.05 cost 3.0% of modeled time over 70 prompts on a flat curve (SmolLM2 with the
 /// swapped product: a 4-token pass at 1.05x one token) and 0.6% on the steep one
 /// (docs/results/pauses.md).
+/// The gain is measured, not modeled, wherever the caller reports step times
+/// (`observe_step`): the committed tokens times the measured time of an undrafted step over
+/// the measured time of this one, so a cost curve that is wrong (a point taken while the
+/// machine was busy, one kept from another process) can neither keep a losing request
+/// drafting nor pause one that pays. An undrafted step's time is an average (weight
+/// PLAIN_EMA) of this budget's one-token steps: pauses provide them, and a step verifies the
+/// root alone to measure one when none was timed yet, or when the last is PLAIN_STALE steps
+/// old and the step's best tree is not a holding copy. Without timings the curve prices the gain.
+const PLAIN_EMA: f32 = 0.2;
+const PLAIN_STALE: u32 = 256;
 const REALIZED_EMA: f32 = 0.25;
 const BACKOFF_BELOW: f32 = 1.0;
 const BACKOFF_AFTER: u32 = 4;
@@ -142,6 +152,8 @@ struct Backoff {
     explored: bool,
     /// Pauses so far in this request.
     pauses: u32,
+    /// The last verified step drafted (nodes, committed tokens) and awaits its time.
+    pending: Option<(usize, usize)>,
 }
 
 impl Default for Backoff {
@@ -153,6 +165,7 @@ impl Default for Backoff {
             next_pause: BACKOFF_FIRST,
             explored: false,
             pauses: 0,
+            pending: None,
         }
     }
 }
@@ -192,6 +205,11 @@ pub struct AutoBudget {
     gains: Vec<f32>,
     expected: Vec<f32>,
     backoff: Backoff,
+    /// Measured time of an undrafted step (0: none yet) and steps since the last one.
+    plain_s: f32,
+    plain_age: u32,
+    /// Whether steps report their times (then the backoff judges by them).
+    timed: bool,
 }
 
 impl AutoBudget {
@@ -215,6 +233,9 @@ impl AutoBudget {
             gains: Vec::new(),
             expected: Vec::new(),
             backoff: Backoff::default(),
+            plain_s: 0.0,
+            plain_age: 0,
+            timed: false,
         };
         b.set_cost(cost)?;
         Ok(b)
@@ -433,13 +454,16 @@ impl AutoBudget {
                 best = (rate, kept);
             }
         }
+        let mean_rate = (1.0 + self.expected[best.1]) / self.cost_of(best.1 + 1);
+        let holding_copy = mean_rate * self.cost_of(1) >= PAUSE_OVERRIDE;
         // A pause neither explores nor spends the credit: its steps verify the best choice
         // or nothing, and are judged as such.
-        let chosen = if self.backoff.pause_left > 0 {
+        let chosen = if self.plain_needed(holding_copy) {
+            0 // measure what an undrafted step costs (see PLAIN_EMA)
+        } else if self.backoff.pause_left > 0 {
             self.backoff.pause_left -= 1;
             self.backoff.explored = false;
-            let mean_rate = (1.0 + self.expected[best.1]) / self.cost_of(best.1 + 1);
-            if mean_rate * self.cost_of(1) >= PAUSE_OVERRIDE {
+            if holding_copy {
                 best.1
             } else {
                 0
@@ -462,12 +486,67 @@ impl AutoBudget {
         self.backoff.pauses
     }
 
-    /// Judges a verified step that drafted: `accepted + 1` tokens for a pass over `n` tokens.
+    /// Whether the next step should verify the root alone to time an undrafted step.
+    fn plain_needed(&self, holding_copy: bool) -> bool {
+        self.timed && (self.plain_s <= 0.0 || (self.plain_age >= PLAIN_STALE && !holding_copy))
+    }
+
+    /// The measured time of an undrafted step, if one was timed.
+    pub fn plain_s(&self) -> Option<f32> {
+        (self.plain_s > 0.0).then_some(self.plain_s)
+    }
+
+    /// The step just learned from took `step_s` (its verification pass over `tokens` tokens
+    /// plus its host work): an undrafted step updates the undrafted time, a drafted one is
+    /// judged by its measured gain.
+    pub fn observe_step(&mut self, tokens: usize, step_s: f64) {
+        let step_s = step_s as f32;
+        if !(step_s.is_finite() && step_s > 0.0) {
+            return;
+        }
+        self.timed = true;
+        if tokens <= 1 {
+            self.backoff.pending = None;
+            self.plain_s = if self.plain_s > 0.0 {
+                self.plain_s + PLAIN_EMA * (step_s - self.plain_s)
+            } else {
+                step_s
+            };
+            self.plain_age = 0;
+            return;
+        }
+        if let Some((n, committed)) = self.backoff.pending.take() {
+            if n == tokens {
+                let plain = self.plain_s().unwrap_or(self.cost[0]);
+                self.judge_gain(committed as f32 * plain / step_s);
+            }
+        }
+    }
+
+    /// Judges a drafted step by the curve when no time came for it.
+    fn judge_pending_by_the_curve(&mut self) {
+        if let Some((n, committed)) = self.backoff.pending.take() {
+            self.judge_gain(committed as f32 * self.cost[0] / self.cost_of(n));
+        }
+    }
+
+    /// A verified step: `accepted + 1` tokens for a pass over `n` tokens. Where steps report
+    /// their times, a drafted one is judged when its time comes (`observe_step`, or by the
+    /// curve at the next step if none came); elsewhere by the curve at once.
     fn judge(&mut self, n: usize, committed: usize) {
+        self.judge_pending_by_the_curve();
+        self.plain_age = self.plain_age.saturating_add(1);
         if n <= 1 || self.backoff.explored {
             return;
         }
-        let gain = committed as f32 * self.cost[0] / self.cost_of(n);
+        self.backoff.pending = Some((n, committed));
+        if !self.timed {
+            self.judge_pending_by_the_curve();
+        }
+    }
+
+    /// One drafted step's realized gain over plain decoding, into the backoff.
+    fn judge_gain(&mut self, gain: f32) {
         let b = &mut self.backoff;
         b.realized += REALIZED_EMA * (gain - b.realized);
         b.judged += 1;
@@ -1020,5 +1099,76 @@ mod tests {
         assert!(b.probability(agreed) > 0.9);
         let kinds: Vec<&str> = b.calibration().iter().map(|c| c.0).collect();
         assert!(kinds.contains(&"frequent") && kinds.contains(&"frequent_agreed"));
+    }
+
+    /// `verified_step` with its time reported: a drafted step of `n` nodes takes
+    /// `drafted_s(n)`, an undrafted one `plain_s`.
+    fn timed_step(
+        b: &mut AutoBudget,
+        t: &DraftTree,
+        keep: &mut Vec<bool>,
+        accept: bool,
+        plain_s: f64,
+        drafted_s: impl Fn(usize) -> f64,
+    ) -> usize {
+        let kept = verified_step(b, t, keep, accept);
+        let s = if kept == 0 { plain_s } else { drafted_s(kept + 1) };
+        b.observe_step(kept + 1, s);
+        kept
+    }
+
+    #[test]
+    fn the_backoff_judges_by_measured_times_not_by_the_curve() {
+        // The curve says a node costs nothing, so every drafted step looks like a gain; the
+        // real passes cost three undrafted steps and accept one node: drafting loses.
+        let t = chain(8);
+        let mut b = AutoBudget::new(vec![1.0; 64]).unwrap();
+        let mut keep = Vec::new();
+        let mut kept = Vec::new();
+        for _ in 0..40 {
+            let k = timed_step(&mut b, &t, &mut keep, false, 1.0, |_| 3.0);
+            kept.push(k);
+        }
+        assert!(b.plain_s().is_some_and(|p| (p - 1.0).abs() < 1e-6));
+        assert!(b.pauses() >= 1, "never paused: {kept:?}");
+        let drafted = kept[10..].iter().filter(|&&k| k > 0).count();
+        assert!(drafted <= 12, "{kept:?}");
+
+        // The curve says a node costs a whole pass (a point kept from a loaded machine);
+        // the real passes cost what an undrafted step does and the chain holds: no pause.
+        let steep: Vec<f32> = (1..=64).map(|n| n as f32).collect();
+        let mut b = AutoBudget::new(steep).unwrap();
+        let copy = copy_chain(20);
+        for _ in 0..30 {
+            b.learn(&copy, &(0..=20).collect::<Vec<_>>());
+        }
+        b.begin_request();
+        let mut paused = 0;
+        for _ in 0..40 {
+            b.select(&copy, &mut keep);
+            let k = b.last().kept;
+            let mut cut = copy.clone();
+            cut.retain(&keep);
+            b.learn(&cut, &(0..=k).collect::<Vec<_>>());
+            b.observe_step(k + 1, 1.0);
+            paused += (b.backoff.pause_left > 0) as usize;
+        }
+        assert_eq!((paused, b.pauses()), (0, 0));
+    }
+
+    #[test]
+    fn an_undrafted_step_is_timed_once_timings_arrive_and_again_when_stale() {
+        let t = chain(8);
+        let mut b = AutoBudget::new(vec![1.0; 64]).unwrap();
+        let mut keep = Vec::new();
+        let first = timed_step(&mut b, &t, &mut keep, true, 1.0, |_| 1.1);
+        assert!(first > 0); // nothing timed yet: the first step drafts
+        assert_eq!(timed_step(&mut b, &t, &mut keep, true, 1.0, |_| 1.1), 0); // the probe
+        assert_eq!(b.plain_age, 0);
+        for _ in 0..PLAIN_STALE + 8 {
+            assert!(timed_step(&mut b, &t, &mut keep, true, 1.0, |_| 1.1) > 0);
+        }
+        // Stale, but the tree holds: it drafts on rather than pay a step to re-time.
+        assert!(b.plain_age > PLAIN_STALE && !b.plain_needed(true) && b.plain_needed(false));
     }
 }

@@ -115,13 +115,18 @@ impl DraftSession {
     }
 
     /// The step's verification pass over `tokens` took `forward_s`; the host work of the step
-    /// before took `host_s`. Ignored without a cost curve.
+    /// before took `host_s`. The automatic budget's backoff judges the step by these times;
+    /// the cost curve, when there is one, is corrected by them.
     pub fn observe_timing(
         &mut self,
         tokens: usize,
         forward_s: f64,
         host_s: Option<f64>,
     ) -> Result<()> {
+        if let Some(b) = &mut self.auto_budget {
+            let host = host_s.filter(|h| h.is_finite() && *h >= 0.0).unwrap_or(0.0);
+            b.observe_step(tokens, forward_s + host);
+        }
         let Some(curve) = self.cost.as_mut() else {
             return Ok(());
         };
