@@ -270,7 +270,8 @@ def test_a_first_use_curve_is_stored_only_once_decoding_confirms_it(tmp_path, mo
                                             "confirmed_by": 70, "passes": [4, 4, 4, 4]}
     assert budget.settle(model, ("default",), agrees) is None  # confirmed already: nothing to write
     # A stored entry without confirmation (an older store, or a hand-written one) is not read.
-    for entry in ({"points": [1, 4], "seconds": [0.5, 0.6]}, {"points": [1, 4], "seconds": [0.5, 0.6], "confirmed_by": 3},
+    for entry in ({"points": [1, 4], "seconds": [0.5, 0.6]},
+                  {"points": [1, 4], "seconds": [0.5, 0.6], "confirmed_by": 3},
                   {"points": [1, 4], "seconds": [0.5, -1.0], "confirmed_by": 99}):
         assert budget._confirmed(entry) is None
     assert budget._confirmed(measurements.load(stored_as)) == confirmed
