@@ -25,7 +25,7 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use crate::error::{Error, Result};
-use crate::tree::{children_csr, DraftTree, NodeSource};
+use crate::tree::{children_csr, frequent_parts, DraftTree, NodeSource, FREQUENT_MATCHES};
 
 const SCORE_BUCKETS: usize = 64;
 /// Chain depths 1-16 one by one, then 17-24, 25-32, ..., 57-64 and beyond.
@@ -34,11 +34,14 @@ const CHAIN_DEPTHS: usize = 22;
 const MATCH_BUCKETS: usize = 6;
 /// Chain buckets of one kind (copied alone, or also proposed by the memory).
 const CHAIN_BUCKETS: usize = CHAIN_DEPTHS * MATCH_BUCKETS;
-/// Frequency-tree nodes: levels of their path probability p, round(-8 log2 p) (p >= 0.1,
-/// the tree's floor, is level 26 or less), alone and where the memory's search agreed.
-const FREQ_LEVELS: usize = 32;
+/// Frequency-tree nodes: levels of their path probability p, round(-4 log2 p) (p >= 0.1,
+/// the tree's floor, is level 13 or less), per match class (`tree::FREQUENT_MATCHES`: a
+/// count after a one-token match is weaker evidence than one after eight), alone and where
+/// the memory's search agreed.
+const FREQ_LEVELS: usize = 16;
+const FREQ_KIND: usize = FREQ_LEVELS * FREQUENT_MATCHES;
 const FREQ_START: usize = SCORE_BUCKETS + 2 * CHAIN_BUCKETS;
-const BUCKETS: usize = FREQ_START + 2 * FREQ_LEVELS;
+const BUCKETS: usize = FREQ_START + 2 * FREQ_KIND;
 /// Pooled chain rates: per kind and match bucket.
 const POOLS: usize = 2 * MATCH_BUCKETS;
 /// Chain nodes the memory also proposed are priced apart after matches shorter than 8
@@ -279,9 +282,13 @@ impl AutoBudget {
                     + mb.min(MATCH_BUCKETS - 1)
             }
             source @ (NodeSource::Frequent | NodeSource::FrequentAgreed) => {
-                let p = tree.scores[i].clamp(1e-12, 1.0);
-                let level = ((-8.0 * p.log2()).round() as usize).min(FREQ_LEVELS - 1);
-                FREQ_START + (source == NodeSource::FrequentAgreed) as usize * FREQ_LEVELS + level
+                let (p, class) = frequent_parts(tree.scores[i]);
+                let level =
+                    ((-4.0 * p.clamp(1e-12, 1.0).log2()).round() as usize).min(FREQ_LEVELS - 1);
+                FREQ_START
+                    + (source == NodeSource::FrequentAgreed) as usize * FREQ_KIND
+                    + class * FREQ_LEVELS
+                    + level
             }
             _ => {
                 let s = tree.scores[i].max(1e-12);
@@ -318,7 +325,7 @@ impl AutoBudget {
         if bucket >= FREQ_START {
             // The tree's own probability; calibration moves it to what such nodes earn.
             let level = (bucket - FREQ_START) % FREQ_LEVELS;
-            return (2.0f32).powf(-(level as f32) / 8.0);
+            return (2.0f32).powf(-(level as f32) / 4.0);
         }
         if !Self::is_chain(bucket) {
             return (2.0f32).powf(-(bucket as f32) / 4.0);
@@ -447,7 +454,12 @@ impl AutoBudget {
     /// exploration credit covers its extra cost, the next exploration size.
     pub fn select(&mut self, tree: &DraftTree, keep: &mut Vec<bool>) {
         self.rank(tree);
-        let mut best = (1.0 / self.cost_of(1), 0usize);
+        // Drafting nothing is priced by what an undrafted step measured, where one was timed:
+        // on a CPU a one-token pass can cost more than a two-token one (another product, or
+        // the cache's heads copied where a pass of several tokens groups them), which the
+        // non-decreasing curve cannot show.
+        let plain = self.undrafted_cost();
+        let mut best = (1.0 / plain, 0usize);
         for kept in 1..self.gains.len() {
             let rate = (1.0 + self.gains[kept]) / self.cost_of(kept + 1);
             if rate > best.0 {
@@ -455,7 +467,7 @@ impl AutoBudget {
             }
         }
         let mean_rate = (1.0 + self.expected[best.1]) / self.cost_of(best.1 + 1);
-        let holding_copy = mean_rate * self.cost_of(1) >= PAUSE_OVERRIDE;
+        let holding_copy = mean_rate * plain >= PAUSE_OVERRIDE;
         // A pause neither explores nor spends the credit: its steps verify the best choice
         // or nothing, and are judged as such.
         let chosen = if self.plain_needed(holding_copy) {
@@ -491,6 +503,11 @@ impl AutoBudget {
         self.timed && (self.plain_s <= 0.0 || (self.plain_age >= PLAIN_STALE && !holding_copy))
     }
 
+    /// What an undrafted step costs: its measured time, else the curve's c(1).
+    fn undrafted_cost(&self) -> f32 {
+        self.plain_s().unwrap_or(self.cost[0])
+    }
+
     /// The measured time of an undrafted step, if one was timed.
     pub fn plain_s(&self) -> Option<f32> {
         (self.plain_s > 0.0).then_some(self.plain_s)
@@ -517,8 +534,7 @@ impl AutoBudget {
         }
         if let Some((n, committed)) = self.backoff.pending.take() {
             if n == tokens {
-                let plain = self.plain_s().unwrap_or(self.cost[0]);
-                self.judge_gain(committed as f32 * plain / step_s);
+                self.judge_gain(committed as f32 * self.undrafted_cost() / step_s);
             }
         }
     }
@@ -622,8 +638,8 @@ impl AutoBudget {
     /// observations: "score" buckets give acceptance probabilities, "chain" buckets (key:
     /// depth bucket x 6 + match bucket) and "agreed" buckets (the same key, for chain nodes
     /// the memory's search also proposed) hold rates, "frequent" and "frequent_agreed"
-    /// buckets (key: round(-8 log2 p) of the frequency tree's probability) acceptance
-    /// probabilities.
+    /// buckets (key: match class x 16 + round(-4 log2 p) of the frequency tree's
+    /// probability) acceptance probabilities.
     pub fn calibration(&self) -> Vec<(&'static str, u32, f32, f32, f32)> {
         (0..BUCKETS)
             .filter(|&b| self.counts[b] > 0.0)
@@ -634,10 +650,10 @@ impl AutoBudget {
                     ("chain", (b - SCORE_BUCKETS) as u32)
                 } else if b < FREQ_START {
                     ("agreed", (b - SCORE_BUCKETS - CHAIN_BUCKETS) as u32)
-                } else if b < FREQ_START + FREQ_LEVELS {
+                } else if b < FREQ_START + FREQ_KIND {
                     ("frequent", (b - FREQ_START) as u32)
                 } else {
-                    ("frequent_agreed", (b - FREQ_START - FREQ_LEVELS) as u32)
+                    ("frequent_agreed", (b - FREQ_START - FREQ_KIND) as u32)
                 };
                 (
                     kind,
@@ -654,7 +670,7 @@ impl AutoBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::NO_TOKEN;
+    use crate::tree::{frequent_score, NO_TOKEN};
 
     /// Root with a chain of `depth` search nodes of path score 0.9^d, plus a sibling of
     /// score 0.01.
@@ -1085,13 +1101,16 @@ mod tests {
     fn frequency_nodes_start_at_their_probability_and_learn_apart_from_agreed_ones() {
         let mut t = DraftTree::default();
         t.reset(1, [NO_TOKEN, NO_TOKEN]);
-        t.push(0, 5, 0.9, NodeSource::Frequent);
-        t.push(0, 6, 0.9, NodeSource::FrequentAgreed);
+        t.push(0, 5, frequent_score(0.9, 4), NodeSource::Frequent);
+        t.push(0, 6, frequent_score(0.9, 4), NodeSource::FrequentAgreed);
         let mut b = AutoBudget::new(vec![1.0; 8]).unwrap();
         let (alone, agreed) = (AutoBudget::bucket(&t, 1), AutoBudget::bucket(&t, 2));
         assert_ne!(alone, agreed);
         assert!(!AutoBudget::is_chain(alone) && !AutoBudget::is_chain(agreed));
-        assert!((b.prior(alone) - 0.9).abs() < 0.05, "{}", b.prior(alone));
+        assert!((b.prior(alone) - 0.9).abs() < 0.1, "{}", b.prior(alone));
+        let mut short = t.clone();
+        short.scores[1] = frequent_score(0.9, 1);
+        assert_ne!(AutoBudget::bucket(&short, 1), alone); // another match class: its own bucket
         for _ in 0..50 {
             b.learn(&t, &[0, 2]); // the agreed one always holds, the lone one never
         }
@@ -1112,7 +1131,11 @@ mod tests {
         drafted_s: impl Fn(usize) -> f64,
     ) -> usize {
         let kept = verified_step(b, t, keep, accept);
-        let s = if kept == 0 { plain_s } else { drafted_s(kept + 1) };
+        let s = if kept == 0 {
+            plain_s
+        } else {
+            drafted_s(kept + 1)
+        };
         b.observe_step(kept + 1, s);
         kept
     }

@@ -270,12 +270,8 @@ impl Drafter for RecapDrafter {
         tree.graft_chain(cont, score, &self.excluded, max_depth, NodeSource::Suffix);
         if let Some(f) = &mut self.frequent {
             let depth = max_depth.max(SuffixTreeConfig::default().max_spec as u32);
-            tree.graft_frequent(
-                f.best_candidate(),
-                &self.excluded,
-                depth,
-                &mut self.graft_at,
-            );
+            let (nodes, matched) = f.best_candidate();
+            tree.graft_frequent(nodes, matched, &self.excluded, depth, &mut self.graft_at);
         }
         tree.into_preorder();
     }

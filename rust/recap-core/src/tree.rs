@@ -21,10 +21,28 @@ pub enum NodeSource {
     /// node the graft reused); its score is the match length, as for `Suffix`.
     Agreed = 3,
     /// From a frequency-counted suffix tree over the request (SuffixDecoding's): its score is
-    /// the tree's path probability, count(child) / count(siblings) down from the match.
+    /// `frequent_score(p, m)`, the tree's path probability p (count(child) / count(siblings)
+    /// down from the match) and the length m of the match it grew below.
     Frequent = 4,
     /// A `Frequent` node the memory's search also proposed (a search node it reused).
     FrequentAgreed = 5,
+}
+
+/// Match-length classes of frequency nodes: 1, 2-3, 4-7, 8 and more tokens.
+pub const FREQUENT_MATCHES: usize = 4;
+
+/// The score of a frequency node: its path probability p in (0, 1] plus 2 x its match
+/// class, so one number carries both (`frequent_parts` reads them back).
+pub fn frequent_score(p: f32, matched: usize) -> f32 {
+    let class = (usize::BITS - (matched | 1).leading_zeros() - 1) as usize;
+    p.clamp(1e-6, 1.0) + 2.0 * class.min(FREQUENT_MATCHES - 1) as f32
+}
+
+/// (path probability, match class) of a frequency node's score.
+pub fn frequent_parts(score: f32) -> (f32, usize) {
+    let class = ((score.max(0.0) - 1e-7) / 2.0).floor() as usize;
+    let class = class.min(FREQUENT_MATCHES - 1);
+    (score - 2.0 * class as f32, class)
 }
 
 /// Sentinel for "no token" in contexts (the request started fewer than two tokens ago).
@@ -156,14 +174,15 @@ impl DraftTree {
     }
 
     /// Merges a frequency tree (`nodes`: parent index among `nodes` or -1 for the root,
-    /// token, path probability; parents first) into this tree, reusing existing children.
-    /// A reused search node becomes `FrequentAgreed` and takes the probability as its
-    /// score; a reused copied-text node keeps its chain price (a long match is the stronger
+    /// token, path probability; parents first; grown below a match of `matched` tokens) into
+    /// this tree, reusing existing children. A reused search node becomes `FrequentAgreed`
+    /// and takes the frequency score; a reused copied-text node keeps its chain price (a long match is the stronger
     /// evidence). Nodes below an excluded token or past `max_depth` are dropped. Returns the
     /// nodes added.
     pub fn graft_frequent(
         &mut self,
         nodes: &[(i32, u32, f32)],
+        matched: usize,
         excluded: &TokenSet,
         max_depth: u32,
         at: &mut Vec<usize>,
@@ -181,13 +200,18 @@ impl DraftTree {
                 Some(existing) => {
                     if self.sources[existing] == NodeSource::Search {
                         self.sources[existing] = NodeSource::FrequentAgreed;
-                        self.scores[existing] = prob;
+                        self.scores[existing] = frequent_score(prob, matched);
                     }
                     existing
                 }
                 None => {
                     added += 1;
-                    self.push(parent, tok, prob, NodeSource::Frequent)
+                    self.push(
+                        parent,
+                        tok,
+                        frequent_score(prob, matched),
+                        NodeSource::Frequent,
+                    )
                 }
             };
             at.push(node);
@@ -479,7 +503,7 @@ mod tests {
             (1, 13, 0.2),
         ];
         let mut at = Vec::new();
-        assert_eq!(t.graft_frequent(&nodes, &banned, 2, &mut at), 1);
+        assert_eq!(t.graft_frequent(&nodes, 3, &banned, 2, &mut at), 1);
         let source_of = |tok: u32| {
             t.tokens
                 .iter()
@@ -487,13 +511,31 @@ mod tests {
                 .map(|i| t.sources[i])
         };
         assert_eq!(source_of(11), Some(NodeSource::FrequentAgreed));
-        assert!(t.scores[a] == 0.9);
+        let (p, class) = frequent_parts(t.scores[a]);
+        assert!((p - 0.9).abs() < 1e-5 && class == 1); // a 3-token match: class 1
         assert_eq!(source_of(12), Some(NodeSource::Frequent));
         assert_eq!(source_of(20), Some(NodeSource::Suffix)); // the copy keeps its price
         assert_eq!(source_of(30), None);
         assert_eq!(source_of(31), None);
         assert_eq!(source_of(13), None);
         assert_eq!(t.len(), 5);
+    }
+
+    #[test]
+    fn a_frequency_score_carries_probability_and_match_class() {
+        for m in [0usize, 1, 2, 3, 4, 7, 8, 100] {
+            for p in [0.1f32, 0.5, 0.999, 1.0] {
+                let (q, class) = frequent_parts(frequent_score(p, m));
+                assert!((q - p).abs() < 1e-5, "{p} {m}: {q}");
+                let want = match m {
+                    0 | 1 => 0,
+                    2 | 3 => 1,
+                    4..=7 => 2,
+                    _ => 3,
+                };
+                assert_eq!(class, want, "{p} {m}");
+            }
+        }
     }
 
     #[test]

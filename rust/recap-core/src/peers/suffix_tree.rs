@@ -206,6 +206,8 @@ impl Ord for Open {
 struct Candidate {
     nodes: Vec<(i32, u32, f32)>,
     score: f32,
+    /// The match length it was grown below.
+    matched: usize,
 }
 
 /// The cross-request trie over earlier outputs, shared by every session of one drafter.
@@ -365,6 +367,7 @@ impl SuffixTreeDrafter {
                 &mut self.scratch,
             );
             if self.scratch.score > self.best.score {
+                self.scratch.matched = m;
                 std::mem::swap(&mut self.scratch, &mut self.best);
             }
         }
@@ -373,15 +376,17 @@ impl SuffixTreeDrafter {
 
 impl SuffixTreeDrafter {
     /// The best tree below the current text's matches, as (parent among these nodes or -1
-    /// for the root, token, path probability), parents first: what `propose` drafts.
-    pub fn best_candidate(&mut self) -> &[(i32, u32, f32)] {
+    /// for the root, token, path probability), parents first: what `propose` drafts; and the
+    /// length of the match it grew below.
+    pub fn best_candidate(&mut self) -> (&[(i32, u32, f32)], usize) {
         self.best.nodes.clear();
         self.best.score = 0.0;
+        self.best.matched = 0;
         self.best_over(false);
         if self.config.cross_request {
             self.best_over(true);
         }
-        &self.best.nodes
+        (&self.best.nodes, self.best.matched)
     }
 }
 
