@@ -186,21 +186,21 @@ def test_first_use_prices_each_size_by_the_median_of_warm_passes_and_the_probes_
 
     assert layout_choice.PROBE_TOKENS == tuple(budget.POINTS) == (1, 2, 4, 16)
     points = list(budget.POINTS)
-    # The curve's own passes come last: one untimed pass per size, then REPS interleaved
-    # rounds, all in the chosen plan's products.
-    own = runs[-len(points) * (1 + budget.REPS):]
+    # The curve's own passes come last: the probe ran every size (its pass is one sample
+    # and stands for the untimed first pass of the shape), so REPS - 1 interleaved rounds,
+    # all in the chosen plan's products.
+    own = runs[-len(points) * (budget.REPS - 1):]
     probe_runs = runs[:-len(own)]
-    assert [n for n, _, _ in own] == points * (1 + budget.REPS)
+    assert [n for n, _, _ in own] == points * (budget.REPS - 1)
     assert all(product == plan.product(n) for n, product, _ in own)
-    timed = own[len(points):]
     # Each point: the median of its timed passes and the probe's fastest pass at that size in
     # the plan's product, made non-decreasing as every curve is (on a tiny model a 16-token
     # pass can time below a 4-token one).
-    want = [float(np.median([t for m, _, t in timed if m == n]
+    want = [float(np.median([t for m, _, t in own if m == n]
                             + [min(t for m, product, t in probe_runs if m == n and product == plan.product(n))]))
             for n in points]
     assert cost.points == points and cost.seconds == budget._monotone(np.asarray(want)).tolist()
-    assert cost.passes == (budget.REPS + 1,) * len(points) and cost.confirmed_by == 0
+    assert cost.passes == (budget.REPS,) * len(points) and cost.confirmed_by == 0
     # The probe ran every size in the model's own products and in the trial plan's (one or
     # two rounds; no warm-up, since the conformance probe had just run the model); the
     # transposed copy's first pass was one untimed token.

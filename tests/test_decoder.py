@@ -161,11 +161,17 @@ def test_construction_runs_no_forward_pass_and_first_use_prepares():
         assert calls == []
         ids = torch.tensor([[5, 6, 7, 5, 6, 7]])
         dec.generate(ids, max_new_tokens=4)
-        # The probe's four passes (whose timings are the first cost curve), the prefill and at
-        # most three steps: the layout choice waits for a later request.
+        # The probe's four passes (two of them, at 1 and 6 tokens, samples of the first cost
+        # curve), the curve's context prefill and passes at 1, 2, 4 and 6 tokens (an untimed one
+        # at 2 and 4, REPS samples of each size less the probe's), the prefill and at most
+        # three steps:
+        # the layout choice waits for a later request.
+        from recap.budget import POINTS, REPS
+
+        curve = 1 + 2 + REPS * 4 - 2
         first = len(calls)
-        assert 6 <= first <= 8 and dec._cost.points == [1, 6]
-        assert dec.cost.points == [1, 4, 16] and len(calls) > first + 4  # reading it makes the choice
+        assert 6 + curve <= first <= 8 + curve and dec._cost.points == [1, 2, 4, 6]
+        assert dec.cost.points == list(POINTS) and len(calls) > first + 4  # reading it makes the choice
     finally:
         handle.remove()
 

@@ -10,7 +10,8 @@ import recap
 import torch
 from recap import RecapConfig
 from recap._core import transpose_into
-from recap.layout_choice import choose
+from recap.budget import POINTS
+from recap.layout_choice import PROBE_TOKENS, choose
 from recap.linear_layout import DEFAULT, SWAPPED, TRANSPOSED, LinearLayout, Plan, transposed
 from tiny_models import llava_inputs, text_model
 
@@ -149,27 +150,30 @@ def test_one_round_of_probe_passes_decides_only_a_wide_gain(monkeypatch, trial_s
 
     model = copy.deepcopy(text_model("Qwen2"))
     timed = []
-    _fake_timings(monkeypatch, choice.layout_of(model), dict.fromkeys((1, 4, 16), 1.0),
-                  dict.fromkeys((1, 4, 16), trial_s), timed)
+    _fake_timings(monkeypatch, choice.layout_of(model), dict.fromkeys(PROBE_TOKENS, 1.0),
+                  dict.fromkeys(PROBE_TOKENS, trial_s), timed)
     assert choose(model, lambda *a: None, ("rounds", trial_s), "auto").name == plan
-    assert timed == [("default", (1, 4, 16)), ("transposed+swapped", (1, 4, 16))] * rounds
+    assert timed == [("default", PROBE_TOKENS), ("transposed+swapped", PROBE_TOKENS)] * rounds
 
 
 def test_each_row_class_is_decided_and_retimed_on_its_own(monkeypatch):
     """The copy takes 0.9x at one row (narrow: retimed), the swapped product 0.5x and 1.2x at
-    4 and 16 rows (0.77x over the class: decided at once, each size counting alike)."""
+    4 and 16 rows and their geometric mean at 2 (0.77x over the class: decided at once, each
+    size counting alike)."""
     import recap.layout_choice as choice
 
     model = copy.deepcopy(text_model("Qwen2"))
     timed = []
-    _fake_timings(monkeypatch, choice.layout_of(model), {1: 0.2, 4: 0.4, 16: 1.0}, {1: 0.18, 4: 0.2, 16: 1.2},
+    _fake_timings(monkeypatch, choice.layout_of(model), {1: 0.2, 2: 0.3, 4: 0.4, 16: 1.0},
+                  {1: 0.18, 2: 0.3 * (0.5 * 1.2) ** 0.5, 4: 0.2, 16: 1.2},
                   timed)
     assert choose(model, lambda *a: None, ("classes", 1), "auto") == Plan("copy", "swapped")
     assert timed[2:] == [("default", (1,)), ("transposed+swapped", (1,))]  # the one-row class only
     timed.clear()
-    _fake_timings(monkeypatch, choice.layout_of(model), {1: 0.2, 4: 0.4, 16: 1.0}, {1: 0.2, 4: 0.36, 16: 1.1},
+    _fake_timings(monkeypatch, choice.layout_of(model), {1: 0.2, 2: 0.3, 4: 0.4, 16: 1.0},
+                  {1: 0.2, 2: 0.3 * (0.9 * 1.1) ** 0.5, 4: 0.36, 16: 1.1},
                   timed)
-    assert choose(model, lambda *a: None, ("classes", 2), "auto") == DEFAULT  # 1.0x; 0.99x over 4 and 16
+    assert choose(model, lambda *a: None, ("classes", 2), "auto") == DEFAULT  # 1.0x; 0.99x over 2, 4 and 16
 
 
 def test_probe_times_come_from_the_probe_where_it_gives_them():
@@ -345,8 +349,9 @@ def test_auto_defers_the_choice_past_a_models_first_request(monkeypatch):
     assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
     assert timed == [] and layout_of(model).bytes == 0 and dec._plan == DEFAULT
     state = state_of(model)
-    # Small trees only until the layout probe's 16 tokens: the conformance probe's own passes.
-    assert dec._cost.points == [1, 6] and state.probe_passes.keys() == {1, 6}
+    # Small trees only until the layout probe's 16 tokens: the pending points and the
+    # conformance probe's own passes.
+    assert dec._cost.points == [1, 2, 4, 6] and state.probe_passes.keys() == {1, 6}
     assert (state.served, state.running) == (1, 0)
     state.running += 1  # another request in flight: its passes would disturb the timings
     assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
@@ -354,7 +359,7 @@ def test_auto_defers_the_choice_past_a_models_first_request(monkeypatch):
     state.running -= 1
     assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
     assert timed == [1] and len(state.layout_choice) == 1  # chosen once, for the model
-    assert dec._cost.points == [1, 4, 16]
+    assert dec._cost.points == list(POINTS)
     chosen = next(iter(state.layout_choice.values()))
     assert dec.linear_layout_used == chosen.name
     assert (layout_of(model).bytes > 0) == chosen.needs_copy and not dec._layout_pending  # an unused copy is released

@@ -6,7 +6,8 @@ only for the small trees every request needs (POINTS: 1, 2, 4 and 16 tokens) and
 the drafter (`Drafter.set_cost_points`). No single pass decides a point: each size gets one
 untimed pass (a new shape's first pass builds its kernels), then REPS timed passes in
 interleaved rounds (a disturbance touches every size, not one), and the point is their
-median (a pass the conformance or layout probe timed joins as one more sample); the curve
+median; a pass the conformance or layout probe timed stands for the untimed pass and is one
+of the REPS samples (the shape has run: first use pays no pass twice). The curve
 is made non-decreasing in n. It is kept with the model for the process, once per model,
 device, dtype, thread count and linear layout.
 
@@ -128,10 +129,7 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
     sizes = sorted({p for p in points if p < covers} | {covers})
     if passes is None or passes.max_tokens < sizes[-1]:
         passes = ChainPasses(model, new_pass, sizes[-1])
-    samples = _measure(passes, sizes, reps)
-    for p, t in (known or {}).items():
-        if p in samples:
-            samples[p].append(t)
+    samples = _measure(passes, sizes, reps, known)
     seconds = _monotone(np.asarray([float(np.median(samples[p])) for p in sizes])).tolist()
     per_model[key] = CostModel(sizes, seconds, 0, tuple(len(samples[p]) for p in sizes))
     return per_model[key]
@@ -212,15 +210,20 @@ class ChainPasses:
         return time.perf_counter() - t
 
 
-def _measure(passes: ChainPasses, points: list[int], reps: int) -> dict[int, list[float]]:
-    """`reps` timed passes at each point, in interleaved rounds (one size after the other, so
+def _measure(passes: ChainPasses, points: list[int], reps: int,
+             known: dict[int, float] | None = None) -> dict[int, list[float]]:
+    """`reps` samples at each point, timed in interleaved rounds (one size after the other, so
     a disturbance lands on every size alike), after one untimed pass at each size: the first
-    pass of a new shape is the slow one, whatever ran before."""
+    pass of a new shape is the slow one, whatever ran before. A size in `known` (a probe's
+    pass: the shape has run) skips the untimed pass and counts that pass as one sample."""
+    known = {n: t for n, t in (known or {}).items() if n in points}
     chains = {n: passes.draw(n) for n in points}
     for n in points:
-        passes.run(chains[n])
-    out: dict[int, list[float]] = {n: [] for n in points}
-    for _ in range(max(1, reps)):
+        if n not in known:
+            passes.run(chains[n])
+    out: dict[int, list[float]] = {n: [known[n]] if n in known else [] for n in points}
+    for round_ in range(max(1, reps)):
         for n in points:
-            out[n].append(passes.run(chains[n]))
+            if round_ < max(1, reps) - (n in known):
+                out[n].append(passes.run(chains[n]))
     return out
