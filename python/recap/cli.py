@@ -282,6 +282,47 @@ def bench(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def serve(args: argparse.Namespace) -> int:
+    """`recap serve`: the OpenAI API over a RECAP decoder (recap.serve; docs/serve.md)."""
+    try:
+        from recap import serve as server
+    except ModuleNotFoundError as e:
+        print(f"recap serve needs the serve extra (pip install 'recap-rs[serve]'): {e}", file=sys.stderr)
+        return 2
+    import torch
+
+    from recap import drafters
+
+    t0 = time.perf_counter()
+    try:
+        drafters.spec(args.drafter)
+    except ValueError as e:
+        print(f"--drafter: {e}", file=sys.stderr)
+        return 2
+    try:
+        keys = server.read_keys(args.api_key, args.keys_file)
+    except (OSError, ValueError) as e:
+        print(f"--keys-file: {e}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.model is None:
+        from recap.models import load_smollm2
+
+        model, tok = load_smollm2(dtype=getattr(torch, args.dtype))
+        name = "SmolLM2-135M-Instruct"
+    else:
+        model, tok, _encode_fn, vision = _load_local(args.model, args.dtype)
+        if vision:
+            print("--model: recap serve answers text prompts; a vision-language model is not served yet",
+                  file=sys.stderr)
+            return 2
+        name = args.served_name or args.model.rstrip("/").rsplit("/", 1)[-1]
+    return server.run(model, tok, args.served_name or name, host=args.host, port=args.port, drafter=args.drafter,
+                      keys=keys, max_running=args.max_running, max_queue=args.max_queue,
+                      max_tokens=args.max_tokens, grace_s=args.grace, started=t0)
+
+
 def cache(args: argparse.Namespace) -> int:
     from recap import measurements
 
@@ -418,6 +459,25 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--out", default="catchup-out", help="folder for catchup.json and catchup.md")
     c.add_argument("--quiet", action="store_true")
+    s = sub.add_parser("serve", help="an OpenAI-compatible server (chat and text completions, streaming)",
+                       description="Serves /v1/chat/completions, /v1/completions, /v1/models, /health and "
+                       "/metrics with RECAP drafting; greedy answers equal the model's greedy output.")
+    s.add_argument("--model", default=None,
+                   help="a local transformers model folder or GGUF file (default: the embedded SmolLM2-135M)")
+    s.add_argument("--served-name", default=None, help="the model id clients name (default: from --model)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer KEY)")
+    s.add_argument("--keys-file", default=None,
+                   help="one 'KEY [SCOPE]' per line: each key's requests draft from their own memory scope")
+    s.add_argument("--max-running", type=_positive, default=4, help="requests decoding at once (default 4)")
+    s.add_argument("--max-queue", type=int, default=64, help="admitted requests waiting beyond those; more get 429")
+    s.add_argument("--max-tokens", type=_positive, default=2048, help="the largest max_tokens a request may ask")
+    s.add_argument("--drafter", default="recap", help="a name from recap.DRAFTERS (ar: drafting off)")
+    s.add_argument("--dtype", choices=DTYPES, default="float32")
+    s.add_argument("--threads", type=int, default=None)
+    s.add_argument("--grace", type=float, default=30.0,
+                   help="seconds running requests get to finish after SIGTERM before they are cancelled")
     k = sub.add_parser("cache", help="the first-use measurements kept across processes (recap.measurements)",
                        description="Lists (or with --clear removes) the stored cost curves and linear-layout "
                                    "choices; RECAP_CACHE=0 turns the store off, RECAP_CACHE_DIR moves it.")
@@ -432,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench(args)
     if args.command == "catchup":
         return catchup_bench(args)
+    if args.command == "serve":
+        return serve(args)
     return 2
 
 
