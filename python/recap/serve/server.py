@@ -6,7 +6,9 @@ for `grace_s`, cancels what is left, and returns; the command then exits 0.
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,20 @@ def build(model: Any, tokenizer: Any, *, drafter: str = "recap", keys: dict[str,
     return decoder, engine
 
 
+def _serve_then_exit_cleanly(server: Any) -> None:
+    """Runs uvicorn. After a graceful shutdown uvicorn raises the signal again under the handler
+    that was there before it; ours takes it, since the drain it asks for is done: exit 0."""
+    if threading.current_thread() is not threading.main_thread():
+        server.run()
+        return
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(model: Any, tokenizer: Any, model_name: str, *, host: str = "127.0.0.1", port: int = 8000,
         drafter: str = "recap", keys: dict[str, str] | None = None, max_running: int = 4, max_queue: int = 64,
         max_tokens: int = 2048, grace_s: float = 30.0, log_level: str = "warning",
@@ -77,7 +93,7 @@ def run(model: Any, tokenizer: Any, model_name: str, *, host: str = "127.0.0.1",
     took = f" in {time.perf_counter() - started:.1f} s" if started is not None else ""
     print(f"recap serve: {model_name} on http://{host}:{port}/v1 (drafter {drafter}, {max_running} rows, "
           f"queue {max_queue}{', API keys' if keys else ''}), ready{took}", flush=True)
-    server.run()
+    _serve_then_exit_cleanly(server)
     engine.close(grace_s=min(grace_s, 5.0))
     print("recap serve: stopped", file=sys.stderr, flush=True)
     return 0
