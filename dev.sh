@@ -43,7 +43,7 @@ run_tests() {
 
 case "${1:-}" in
   demo) shift; setup
-    exec "$VENV/bin/recap" bench --drafters recap@auto tr pld sam suffix --per-set 1 --max-new-tokens 128 "$@" ;;
+    exec "$VENV/bin/recap" bench --drafters recap@auto suffix sam --per-set 1 --max-new-tokens 128 "$@" ;;
   test) shift; setup; run_tests "$@" ;;
   setup) setup ;;
   *) echo "usage: ./dev.sh demo|test|setup" >&2; exit 2 ;;
