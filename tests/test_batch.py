@@ -138,10 +138,10 @@ def test_no_row_drafts_past_the_length_limit(drafter, budget):
     model = text_family("Llama")
     rows = [[5, 6, 7, 8, 9, 10] * 5, [20, 21, 22, 23, 24] * 6]  # both 30 tokens, both repeating
     ids, mask = left_pad(rows)
+    expected = one_by_one(model, [dict(input_ids=torch.tensor([r])) for r in rows])
     for max_new in (4, 9):
         dec = recap.Decoder(model, recap.RecapConfig(budget=budget) if budget else None, drafter=drafter)
         spy = DrafterSpy.install(dec)
-        expected = one_by_one(model, [dict(input_ids=torch.tensor([r])) for r in rows])
         out = dec.generate(ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=PAD)
         assert_rows(out, ids.shape[1], [e[:max_new] for e in expected])
         done = [h - 30 for h in spy.histories]
