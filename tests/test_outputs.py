@@ -165,7 +165,7 @@ def test_the_returned_dict_carries_the_requests_statistics():
     # Every step commits its accepted nodes and one more: the first token came from the prefill.
     committed = sum((length + 1) * count for length, count in stats["accepted_lengths"].items())
     assert committed >= stats["new_tokens"] - 1 and stats["tau"] > 1.0  # the prompt repeats
-    assert stats["total_s"] >= stats["prefill_s"] > 0
+    assert stats["total_s"] >= stats["prefill_s"]
 
 
 @pytest.mark.parametrize("name", ["output_attentions", "output_hidden_states"])
