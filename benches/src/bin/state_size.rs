@@ -17,7 +17,7 @@ fn main() {
         if (r + 1) % 250 == 0 || r + 1 == requests {
             let mib = |b: usize| b as f64 / (1 << 20) as f64;
             let (rows, evicted) = {
-                let u = sim.memory.lock();
+                let u = sim.memory.read();
                 (u.len(), u.evictions())
             };
             println!(
@@ -33,6 +33,6 @@ fn main() {
     }
     println!(
         "vocabulary {VOCAB}, K 8, U capacity {}",
-        sim.memory.lock().capacity()
+        sim.memory.read().capacity()
     );
 }

@@ -264,10 +264,10 @@ mod tests {
         b.begin(&[30, 31]).unwrap();
         assert_eq!(a.history(), &[1, 2, 3]);
         assert_eq!(b.history(), &[30, 31]);
-        assert!(d.memory().unwrap().lock().is_empty());
+        assert!(d.memory().unwrap().read().is_empty());
         run(&mut a, &[1, 2, 3], 3);
         // What a learned went into the drafter's memory, which b drafts from.
-        assert!(!d.memory().unwrap().lock().is_empty());
+        assert!(!d.memory().unwrap().read().is_empty());
         assert_eq!(b.history(), &[30, 31]);
     }
 
@@ -277,8 +277,8 @@ mod tests {
         let scope = SharedMemory::new(50, 2, 64).unwrap();
         let mut s = d.session(Some(scope.clone()), None).unwrap();
         run(&mut s, &[1, 2, 3], 3);
-        assert!(!scope.lock().is_empty());
-        assert!(d.memory().unwrap().lock().is_empty());
+        assert!(!scope.read().is_empty());
+        assert!(d.memory().unwrap().read().is_empty());
         let wrong = SharedMemory::new(50, 3, 64).unwrap();
         assert!(d.session(Some(wrong), None).is_err());
         let pld = SharedDrafter::new(

@@ -165,7 +165,7 @@ impl RecapDrafter {
     /// The fused children distribution of context (prev2, prev, token), as the tree search
     /// sees it (for inspection and benchmarks).
     pub fn fused_proposal(&mut self, prev2: u32, prev: u32, token: u32, out: &mut Proposal) {
-        let u = self.memory.lock();
+        let u = self.memory.read();
         let mut source = FusedSource {
             u: &u,
             ctx: &self.ctx,
@@ -211,7 +211,7 @@ impl Drafter for RecapDrafter {
     fn begin_request(&mut self, context: &[u32]) {
         self.ctx.clear();
         if self.config.reset_unigram {
-            self.memory.lock().clear();
+            self.memory.write().clear();
         }
         self.automaton.clear();
         self.automaton.extend(context);
@@ -221,7 +221,7 @@ impl Drafter for RecapDrafter {
     }
 
     fn seed(&mut self, context: &[u32], start: usize, rows: &TopKRows<'_>) {
-        let mut u = self.memory.lock();
+        let mut u = self.memory.write();
         let end = (start + rows.rows()).min(context.len());
         for j in start..end {
             let t = context[j];
@@ -244,7 +244,7 @@ impl Drafter for RecapDrafter {
     fn propose(&mut self, history: &[u32], tree: &mut DraftTree) {
         tree.start(history);
         {
-            let u = self.memory.lock();
+            let u = self.memory.read();
             let mut source = FusedSource {
                 u: &u,
                 ctx: &self.ctx,
@@ -282,7 +282,7 @@ impl Drafter for RecapDrafter {
     }
 
     fn observe(&mut self, tree: &DraftTree, rows: &TopKRows<'_>, committed: &[u32]) {
-        let mut u = self.memory.lock();
+        let mut u = self.memory.write();
         // Reverse preorder, last write wins: the first occurrence in preorder ends up stored.
         for i in (0..tree.len()).rev() {
             let t = tree.tokens[i];
@@ -364,5 +364,29 @@ mod tests {
             .iter()
             .all(|s| !matches!(s, NodeSource::Frequent | NodeSource::FrequentAgreed)));
         assert!(paper.max_nodes() < with.max_nodes());
+    }
+
+    #[test]
+    fn a_request_drafts_while_another_holds_the_shared_memory_for_reading() {
+        // Two sessions on one U: while one reads it (as its search does), the other's whole
+        // proposal runs; with an exclusive lock it would wait until the first let go.
+        let memory = SharedMemory::new(64, 4, 64).unwrap();
+        let config = RecapConfig {
+            k: 4,
+            ..RecapConfig::default()
+        };
+        let mut other = RecapDrafter::new(config, memory.clone(), &[]).unwrap();
+        let text = [5u32, 6, 9, 1, 5, 6, 7, 2, 5, 6];
+        let reading = memory.read();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tree = DraftTree::default();
+            other.begin_request(&text);
+            other.propose(&text, &mut tree);
+            done.send(tree.len()).unwrap();
+        });
+        let got = finished.recv_timeout(std::time::Duration::from_secs(20));
+        drop(reading);
+        assert!(got.expect("the proposal waited for the reader") >= 2);
     }
 }

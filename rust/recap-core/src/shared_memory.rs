@@ -2,7 +2,7 @@
 //! Recycling's adjacency rows), shared behind `Arc` by every session that drafts from it,
 //! plus the checks every drafter applies to it (vocabulary, row width K).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::error::{Error, Result};
 use crate::memory::{UnigramTable, MAX_VOCAB};
@@ -11,11 +11,13 @@ use crate::snapshot;
 /// The widest memory row (and proposal) any drafter takes: one bound for K everywhere.
 pub const MAX_K: usize = 64;
 
-/// The persistent unigram memory U, shareable between drafters (and threads).
+/// The persistent unigram memory U, shareable between drafters (and threads). Behind a
+/// read-write lock: sessions search it under a shared read lock, so concurrent requests
+/// draft in parallel, and only their writes (seeding, observing a verified tree) take turns.
 #[derive(Clone, Debug)]
 pub struct SharedMemory {
     vocab_size: usize,
-    table: Arc<Mutex<UnigramTable>>,
+    table: Arc<RwLock<UnigramTable>>,
 }
 
 impl SharedMemory {
@@ -29,7 +31,7 @@ impl SharedMemory {
         }
         Ok(SharedMemory {
             vocab_size,
-            table: Arc::new(Mutex::new(UnigramTable::new(k, capacity))),
+            table: Arc::new(RwLock::new(UnigramTable::new(k, capacity))),
         })
     }
 
@@ -37,18 +39,24 @@ impl SharedMemory {
         self.vocab_size
     }
 
-    /// Locks U; a poisoned lock (a panic elsewhere) still yields the table.
-    pub fn lock(&self) -> MutexGuard<'_, UnigramTable> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    /// Reads U (shared with other readers); a poisoned lock (a panic elsewhere) still yields
+    /// the table.
+    pub fn read(&self) -> RwLockReadGuard<'_, UnigramTable> {
+        self.table.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes U (alone).
+    pub fn write(&self) -> RwLockWriteGuard<'_, UnigramTable> {
+        self.table.write().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn bytes(&self) -> usize {
-        self.lock().bytes()
+        self.read().bytes()
     }
 
     /// `Ok` when this memory fits a drafter of `vocab_size` and row width `k`.
     pub fn check_fits(&self, vocab_size: usize, k: usize) -> Result<()> {
-        let got_k = self.lock().k();
+        let got_k = self.read().k();
         if self.vocab_size != vocab_size || got_k != k {
             return Err(Error::invalid(
                 "memory",
@@ -61,7 +69,7 @@ impl SharedMemory {
 
     /// Writes a snapshot to `path` atomically (see `snapshot`).
     pub fn save(&self, path: &std::path::Path, fingerprint: u64) -> Result<()> {
-        let bytes = snapshot::encode(&self.lock(), self.vocab_size, fingerprint);
+        let bytes = snapshot::encode(&self.read(), self.vocab_size, fingerprint);
         snapshot::write_atomic(path, &bytes)
     }
 
@@ -76,7 +84,7 @@ impl SharedMemory {
         Ok((
             SharedMemory {
                 vocab_size: header.vocab_size,
-                table: Arc::new(Mutex::new(table)),
+                table: Arc::new(RwLock::new(table)),
             },
             header,
         ))

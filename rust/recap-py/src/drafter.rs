@@ -38,7 +38,7 @@ fn memory_or_new(
         )?,
     };
     let shared = &memory.get().inner;
-    let got_k = shared.lock().k();
+    let got_k = shared.read().k();
     if shared.vocab_size() != vocab_size || got_k != k {
         return Err(to_py(Error::invalid(
             "memory",

@@ -34,26 +34,26 @@ impl PersistentMemory {
     }
     #[getter]
     fn k(&self) -> usize {
-        self.inner.lock().k()
+        self.inner.read().k()
     }
     #[getter]
     fn capacity(&self) -> usize {
-        self.inner.lock().capacity()
+        self.inner.read().capacity()
     }
     /// Rows evicted so far.
     #[getter]
     fn evictions(&self) -> u64 {
-        self.inner.lock().evictions()
+        self.inner.read().evictions()
     }
     fn __len__(&self) -> usize {
-        self.inner.lock().len()
+        self.inner.read().len()
     }
     /// Heap bytes held.
     fn bytes(&self) -> usize {
         self.inner.bytes()
     }
     fn clear(&self) {
-        self.inner.lock().clear();
+        self.inner.write().clear();
     }
     /// Writes a snapshot to `path` atomically (a temporary file beside it, then a rename).
     /// `fingerprint` identifies the model the rows came from (`recap.memory_fingerprint`).
@@ -105,7 +105,7 @@ impl PersistentMemory {
         py: Python<'py>,
         token: u32,
     ) -> Option<(IdsArray<'py>, Bound<'py, PyArray1<f32>>)> {
-        let table: std::sync::MutexGuard<'_, UnigramTable> = self.inner.lock();
+        let table: std::sync::RwLockReadGuard<'_, UnigramTable> = self.inner.read();
         let r = table.get(token)?;
         let ids: Vec<i64> = r.ids.iter().map(|&x| x as i64).collect();
         Some((ids.into_pyarray(py), r.probs.to_vec().into_pyarray(py)))

@@ -77,7 +77,7 @@ impl TokenRecycling {
                 format!("{levels:?}"),
             ));
         }
-        let width = memory.lock().k();
+        let width = memory.read().k();
         Ok(TokenRecycling {
             template: Template::from_levels(levels, width),
             memory,
@@ -92,7 +92,7 @@ impl TokenRecycling {
 
     /// Fills the template from the adjacency rows into `tree` (which holds only its root).
     pub(crate) fn fill(&mut self, tree: &mut DraftTree) {
-        let adj = self.memory.lock();
+        let adj = self.memory.read();
         self.placed.clear();
         self.placed.push(0);
         for &(parent, rank) in &self.template.slots {
@@ -115,7 +115,7 @@ impl TokenRecycling {
     }
 
     pub(crate) fn write_rows<'a>(&self, rows: impl Iterator<Item = (u32, (&'a [u32], &'a [f32]))>) {
-        let mut adj = self.memory.lock();
+        let mut adj = self.memory.write();
         for (t, (ids, probs)) in rows {
             if !self.excluded.contains(t) {
                 adj.insert(t, ids, probs, Some(row_stats(probs)));
