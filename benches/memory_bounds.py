@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from recap import Drafter, MemoryPool, RecapConfig
+from recap._core import Session
 
 K = 8
 DRAFTERS = ("recap", "tr", "sam_tr", "suffix_x", "pld")
@@ -52,7 +53,7 @@ class Synthetic:
         return ids, self.probs[self.rng.integers(0, len(self.probs), n)]
 
 
-def run_request(d: Drafter, syn: Synthetic, prompt_len: int, new_tokens: int) -> None:
+def run_request(d: Session, syn: Synthetic, prompt_len: int, new_tokens: int) -> None:
     prompt = syn.tokens(prompt_len)
     d.begin(prompt)
     d.seed(*syn.rows(prompt_len))
@@ -67,7 +68,7 @@ def peak_rss_mb() -> float:
 
 
 def many_requests(name: str, vocab: int, requests: int, every: int) -> dict:
-    d, syn = build(name, vocab), Synthetic(vocab)
+    d, syn = build(name, vocab).session(), Synthetic(vocab)  # one session, reused by each request
     samples, t0 = [], time.perf_counter()
     for i in range(1, requests + 1):
         run_request(d, syn, prompt_len=int(syn.rng.integers(16, 256)), new_tokens=16)
@@ -77,7 +78,7 @@ def many_requests(name: str, vocab: int, requests: int, every: int) -> dict:
 
 
 def long_generation(name: str, vocab: int, tokens: int, every: int) -> dict:
-    d, syn = build(name, vocab), Synthetic(vocab, seed=1)
+    d, syn = build(name, vocab).session(), Synthetic(vocab, seed=1)
     d.begin(syn.tokens(64))
     samples = []
     for t in range(1, tokens + 1):

@@ -13,9 +13,10 @@ V = 50
 
 def warm_drafter(cost):
     """A RECAP drafter with a repetitive history, so its first tree is a long suffix chain."""
-    d = RecapConfig(budget="auto", max_budget=32).new_drafter(V)
+    drafter = RecapConfig(budget="auto", max_budget=32).new_drafter(V)
     if cost is not None:
-        d.set_cost(cost)
+        drafter.set_cost(cost)
+    d = drafter.session()
     d.begin(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], dtype=np.int64))
     return d
 
@@ -23,8 +24,10 @@ def warm_drafter(cost):
 def test_the_drafter_corrects_the_measured_curve_from_step_timings():
     """The controller lives in Rust: measured points in, each step's timings through
     observe_packed, its state out (interpolation and corrections are unit-tested there)."""
-    d = warm_drafter(None)
-    d.set_cost_points([1, 4, 8, 64], [0.010, 0.016, 0.024, 0.1])
+    drafter = RecapConfig(budget="auto", max_budget=32).new_drafter(V)
+    drafter.set_cost_points([1, 4, 8, 64], [0.010, 0.016, 0.024, 0.1])
+    d = drafter.session()
+    d.begin(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], dtype=np.int64))
     for step in range(40):
         t = d.propose()
         n = len(t)
@@ -37,10 +40,10 @@ def test_the_drafter_corrects_the_measured_curve_from_step_timings():
     assert state["observed_steps"] == 40 and state["points"] == [1, 4, 8, 64]
     assert state["global_ratio"] == pytest.approx(3.0, rel=0.05)
     assert state["host_ms"] == pytest.approx(2.0 * (1 - 0.95 ** 39), rel=1e-3)
-    d.set_cost([1.0] * 64)  # a given curve replaces the online one
-    assert d.cost_state() is None
+    drafter.set_cost([1.0] * 64)  # a given curve replaces the online one, for sessions opened from now on
+    assert d.cost_state() is not None and drafter.session().cost_state() is None
     with pytest.raises(ValueError, match="cost points"):
-        d.set_cost_points([4, 1], [0.1, 0.2])
+        drafter.set_cost_points([4, 1], [0.1, 0.2])
 
 
 def test_cheap_passes_verify_the_whole_tree_and_dear_passes_cut_it():
@@ -154,7 +157,7 @@ def test_suffix_chain_adapts_only_with_the_automatic_budget():
     history = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5], dtype=np.int64)
     chains = {}
     for budget in ("auto", 0):
-        d = RecapConfig(budget=budget, max_budget=0).new_drafter(V)
+        d = RecapConfig(budget=budget, max_budget=0).new_drafter(V).session()
         d.begin(history)
         chains[budget] = len(d.propose()) - 1
     assert chains[0] == 4 and chains["auto"] == 10  # match of 5: all of 6..10, 1..5 (< 16)

@@ -42,7 +42,7 @@ def test_version_and_public_names():
 
 
 def test_first_tree_grafts_the_suffix_continuation():
-    d = RecapConfig().new_drafter(V)
+    d = RecapConfig().new_drafter(V).session()
     d.begin(np.array([1, 2, 3, 4, 1, 2], dtype=np.int64))
     t = d.propose()
     # Nothing learned yet: only the continuation of the earlier "1 2" (3 4 1 2) is drafted.
@@ -54,7 +54,7 @@ def test_first_tree_grafts_the_suffix_continuation():
 
 
 def test_observe_commits_the_accepted_path_and_bonus_and_learns():
-    d = RecapConfig(budget=8).new_drafter(V)
+    d = RecapConfig(budget=8).new_drafter(V).session()
     d.begin([5, 6, 7])
     t = d.propose()
     assert len(t) == 1  # empty memories, no repeat: the root alone (a plain decoding step)
@@ -83,7 +83,7 @@ def test_observe_commits_the_accepted_path_and_bonus_and_learns():
 )
 def test_propose_observe_invariants(prompt, steps, budget, depth, fusion, seed):
     rng = np.random.default_rng(seed)
-    d = RecapConfig(budget=budget, max_depth=depth, fusion=fusion, suffix_len=4).new_drafter(V)
+    d = RecapConfig(budget=budget, max_depth=depth, fusion=fusion, suffix_len=4).new_drafter(V).session()
     d.begin(prompt)
     history = list(prompt)
     for step in range(steps):
@@ -155,7 +155,7 @@ def test_configuration_has_one_source_of_truth():
     ids = np.argsort(-rng.random((len(history), V)), axis=1)[:, :8].astype(np.int64)
     probs = np.sort(rng.random((len(history), 8)).astype(np.float32), axis=1)[:, ::-1].copy()
     trees = []
-    for drafter in (c.new_drafter(V), Drafter.recap(V)):
+    for drafter in (c.new_drafter(V).session(), Drafter.recap(V).session()):
         drafter.begin(history)
         drafter.seed(ids, probs)
         trees.append(drafter.propose())
@@ -163,7 +163,7 @@ def test_configuration_has_one_source_of_truth():
 
 
 def test_bad_input_gets_clear_exceptions():
-    d = Drafter.recap(V)
+    d = Drafter.recap(V).session()
     with pytest.raises(RuntimeError, match="before begin"):
         d.propose()
     with pytest.raises(ValueError, match="at least one token"):
@@ -207,8 +207,8 @@ def test_bad_input_gets_clear_exceptions():
 
 def test_memory_is_shared_bounded_and_reports_bytes():
     mem = PersistentMemory(V, k=8, capacity=16)
-    a = RecapConfig().new_drafter(V, memory=mem)
-    b = RecapConfig().new_drafter(V, memory=mem)
+    a = RecapConfig().new_drafter(V, memory=mem).session()
+    b = RecapConfig().new_drafter(V, memory=mem).session()
     a.begin(list(range(30)))
     a.seed(*rows(30))
     assert len(mem) == 16 and mem.evictions == 14
@@ -227,7 +227,7 @@ def test_separate_drafters_run_concurrently_from_threads():
 
     def work(seed):
         try:
-            d = RecapConfig(budget=16).new_drafter(V, memory=mem)
+            d = RecapConfig(budget=16).new_drafter(V, memory=mem).session()
             d.begin(list(range(seed, seed + 10)))
             for step in range(200):
                 t = d.propose()

@@ -75,10 +75,12 @@ class CoreMachine(RuleBasedStateMachine):
             "ar": lambda: Drafter.ar(vocab),
         }
         self.drafter = call(makers[kind])
+        # Every stream of drafts is a session; the drafter itself holds what sessions share.
+        self.stream = None if self.drafter is None else self.drafter.session()
 
     @rule(values=st.lists(ints, max_size=30), dtype=dtypes)
     def begin(self, values, dtype):
-        if self.drafter is not None and call(self.drafter.begin, array(values, (len(values),), dtype)):
+        if self.drafter is not None and call(self.stream.begin, array(values, (len(values),), dtype)):
             self.context_len, self.tree_len = len(values), 0
 
     @rule(shape=shapes, ids=st.lists(ints, max_size=20), probs=st.lists(floats, max_size=20), dtype=dtypes,
@@ -90,12 +92,12 @@ class CoreMachine(RuleBasedStateMachine):
         if fit and self.k >= 1 and self.vocab >= 1:
             shape, dtype = (self.context_len, self.k), np.int64
             ids = [abs(i) % self.vocab for i in ids]
-        call(self.drafter.seed, array(ids, shape, dtype), array(probs, shape, np.float32))
+        call(self.stream.seed, array(ids, shape, dtype), array(probs, shape, np.float32))
 
     @rule()
     def propose(self):
         if self.drafter is not None:
-            tree = call(self.drafter.propose)
+            tree = call(self.stream.propose)
             if tree is not None:
                 assert len(tree) == len(tree.tokens) >= 1
                 self.tree_len = len(tree)
@@ -104,7 +106,7 @@ class CoreMachine(RuleBasedStateMachine):
     def propose_into(self, size, masked):
         if self.drafter is not None:
             bufs = [np.zeros(size, np.int64) for _ in range(4)]
-            got = call(self.drafter.propose_into, *bufs, np.zeros(size * size, np.float32), masked, size)
+            got = call(self.stream.propose_into, *bufs, np.zeros(size * size, np.float32), masked, size)
             if got is not None:
                 n, deepest = got
                 assert 1 <= n <= size and 0 <= deepest < n
@@ -114,7 +116,7 @@ class CoreMachine(RuleBasedStateMachine):
           width=st.integers(0, 10), dtype=dtypes)
     def observe(self, rows, pred, probs, width, dtype):
         if self.drafter is not None:
-            call(self.drafter.observe, array(pred, (rows,), dtype), array(pred, (rows, width), dtype),
+            call(self.stream.observe, array(pred, (rows,), dtype), array(pred, (rows, width), dtype),
                  array(probs, (rows, width), np.float32))
 
     @rule(rows=st.integers(0, 12), values=st.lists(st.one_of(ints.map(float), floats), max_size=40),
@@ -127,7 +129,7 @@ class CoreMachine(RuleBasedStateMachine):
         if fit and self.tree_len and self.k >= 1:
             rows, width, k = self.tree_len, 1 + 2 * self.k, self.k
             values = [float(int(abs(v)) % max(self.vocab, 1)) if np.isfinite(v) else v for v in map(float, values)]
-        if call(self.drafter.observe_packed, array(values, (rows, width), dtype), k, timing, timing) is not None:
+        if call(self.stream.observe_packed, array(values, (rows, width), dtype), k, timing, timing) is not None:
             self.tree_len = 0
 
     @rule(values=st.lists(st.integers(0, 10_000), min_size=1, max_size=40), bad=st.sampled_from([None, *FLOATS]),
@@ -139,15 +141,15 @@ class CoreMachine(RuleBasedStateMachine):
             return
         if fresh:
             # In-vocabulary tokens: a fresh request must start, and its first step must work.
-            assert call(self.drafter.begin, np.asarray(values, dtype=np.int64) % self.vocab) is DONE
+            assert call(self.stream.begin, np.asarray(values, dtype=np.int64) % self.vocab) is DONE
             self.context_len = len(values)
         if use_buffers:
             t = self.drafter.max_nodes + 1
-            got = call(self.drafter.propose_into, *(np.zeros(t, np.int64) for _ in range(4)),
+            got = call(self.stream.propose_into, *(np.zeros(t, np.int64) for _ in range(4)),
                        np.zeros(t * t, np.float32), -1.0)
             n = got[0] if isinstance(got, tuple) else None
         else:
-            tree = call(self.drafter.propose)
+            tree = call(self.stream.propose)
             n = len(tree) if tree is not None else None
         if fresh:
             assert n is not None and n >= 1
@@ -158,7 +160,7 @@ class CoreMachine(RuleBasedStateMachine):
         probs = np.resize(np.linspace(0.9, 0.01, k, dtype=np.float32), (n, k))
         if bad is not None:
             probs[n // 2, k // 2] = bad
-        got = call(self.drafter.observe_packed, np.concatenate([ids, probs], axis=1), k, timing, timing)
+        got = call(self.stream.observe_packed, np.concatenate([ids, probs], axis=1), k, timing, timing)
         if bad is None or (np.isfinite(bad) and bad >= 0):
             path, committed = got  # a well-formed verification must be accepted
             assert path[0] == 0 and len(committed) == len(path) >= 1
@@ -171,6 +173,8 @@ class CoreMachine(RuleBasedStateMachine):
         if self.drafter is not None:
             call(self.drafter.set_cost_points, points, seconds)
             call(self.drafter.set_cost, [abs(s) + 1e-3 if np.isfinite(s) else s for s in seconds] or None)
+            self.stream = self.drafter.session()  # the curve applies to sessions opened from now on
+            self.context_len, self.tree_len = 0, 0
 
     @rule(vocab=st.integers(-1, 300), k=st.integers(-1, 9), fit=st.booleans())
     def session_in_another_memory(self, vocab, k, fit):
@@ -219,7 +223,7 @@ class CoreMachine(RuleBasedStateMachine):
     def pool_scope(self, scope, vocab, k):
         try:
             with self.pool.use(scope, vocab, k) as memory:
-                d = Drafter.recap(vocab, k=k, budget=4, memory=memory)
+                d = Drafter.recap(vocab, k=k, budget=4, memory=memory).session()
                 d.begin(np.arange(min(vocab, 6), dtype=np.int64))
                 d.seed(np.zeros((min(vocab, 6), k), np.int64), np.full((min(vocab, 6), k), 0.5, np.float32))
         except DOCUMENTED:
@@ -249,7 +253,7 @@ class CoreMachine(RuleBasedStateMachine):
         t = threading.Thread(target=work)
         t.start()
         if self.drafter is not None:
-            call(self.drafter.propose)
+            call(self.stream.propose)
         t.join()
         assert not errors, errors
 

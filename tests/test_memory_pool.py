@@ -117,7 +117,7 @@ def test_a_scope_in_use_is_never_evicted():
     pool = MemoryPool(0)
     with pool.use("busy", V, 8) as memory:
         tokens = np.arange(8, dtype=np.int64)
-        d = RecapConfig(budget=4).new_drafter(V, memory=memory)
+        d = RecapConfig(budget=4).new_drafter(V, memory=memory).session()
         d.begin(tokens)
         d.seed(np.tile(tokens, (8, 1)), np.full((8, 8), 0.1, dtype=np.float32))  # rows: it holds bytes
         with pool.use("other", V, 8):

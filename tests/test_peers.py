@@ -20,7 +20,8 @@ prompts = st.lists(plain_tokens, min_size=1, max_size=10).flatmap(
 
 def follow(drafter, seq, start, k=8):
     """Drives `drafter` as if the target's greedy continuation were `seq`; yields
-    (history, draft tokens after the root) before every verification."""
+    (history, draft tokens after the root) before every verification, on a session of its own."""
+    drafter = drafter.session()
     drafter.begin(np.asarray(seq[:start], dtype=np.int64))
     pos = start
     while pos < len(seq):
@@ -72,19 +73,21 @@ def test_token_recycling_learns_from_every_node_and_keeps_rows_across_requests()
 
 def test_sam_chain_length_follows_the_match_and_sam_tr_falls_back_to_a_tree():
     seq = list(range(3, 30)) + list(range(3, 10))  # a 7-token repeat at the end
-    d = Drafter.sam(V)
+    sam = Drafter.sam(V)
+    d = sam.session()
     d.begin(seq)
     t = d.propose()
     assert t.tokens[1:].tolist() == list(range(10, 30)) + list(range(3, 10))  # 1 + 4*7 = 29 allowed
-    assert d.max_nodes == 60
-    fallback = Drafter.sam(V, fallback_tr=True)
-    fallback.memory.clear()
+    assert sam.max_nodes == d.max_nodes == 60
+    tr = Drafter.sam(V, fallback_tr=True)
+    tr.memory.clear()
+    fallback = tr.session()
     fallback.begin([3, 4, 5, 6, 3])  # match of 1 < 5: TR, with no rows yet -> the root alone
     assert len(fallback.propose()) == 1
 
 
 def test_suffix_tree_proposes_from_counts_within_its_limits():
-    d = Drafter.suffix(V, max_spec=4)
+    d = Drafter.suffix(V, max_spec=4).session()
     d.begin([7, 8, 9, 7, 8, 9, 7, 8, 10, 7, 8])
     t = d.propose()
     assert 1 < len(t) <= 5 and t.tokens[0] == 8

@@ -94,7 +94,7 @@ def test_propose_into_and_observe_packed_match_propose_and_observe():
     rng = np.random.default_rng(0)
     ids = np.argsort(-rng.random((len(history), V)), axis=1)[:, :8].astype(np.int64)
     probs = np.sort(rng.random((len(history), 8)).astype(np.float32), axis=1)[:, ::-1].copy()
-    a, b = Drafter.recap(V, budget=12), Drafter.recap(V, budget=12)
+    a, b = Drafter.recap(V, budget=12).session(), Drafter.recap(V, budget=12).session()
     for d in (a, b):
         d.begin(history)
         d.seed(ids, probs)
@@ -119,7 +119,7 @@ def test_propose_into_and_observe_packed_match_propose_and_observe():
 
 
 def test_the_step_boundary_rejects_bad_buffers_and_packed_arrays():
-    d = Drafter.recap(V, budget=12)
+    d = Drafter.recap(V, budget=12).session()
     d.begin(np.array([1, 2, 3, 1, 2], dtype=np.int64))
     small = np.zeros(1, dtype=np.int64)
     d.propose()

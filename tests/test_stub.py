@@ -13,8 +13,6 @@ import recap._core as core
 STUB = Path(core.__file__).parent / "_core.pyi"
 TREE = ast.parse(STUB.read_text())
 CLASSES = {n.name: n for n in TREE.body if isinstance(n, ast.ClassDef)}
-# The drafter's single-stream methods run on its default session (`Drafter.__getattr__`).
-FORWARDED_TO = {"Drafter": "Session"}
 
 
 def defs(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
@@ -73,9 +71,6 @@ def test_stub_lists_exactly_the_public_classes_and_members():
     for name in public_classes:
         cls = getattr(core, name)
         real = {m for m in dir(cls) if not m.startswith("_")}
-        if name in FORWARDED_TO:
-            real |= {m for m in dir(getattr(core, FORWARDED_TO[name])) if not m.startswith("_")}
-            real -= {"finish"}  # a default session is finished by the next begin, not by hand
         assert {m for m in defs(CLASSES[name]) if not m.startswith("_")} == real, name
 
 
@@ -93,8 +88,6 @@ def test_every_stubbed_signature_matches_the_module():
             if member == "__init__":
                 check_signature(f"{name}()", fn, target, method=True)
                 continue
-            if not hasattr(target, member) and name in FORWARDED_TO:
-                target = getattr(core, FORWARDED_TO[name])
             check_signature(f"{name}.{member}", fn, getattr(target, member), method=not is_static(fn))
 
 
@@ -107,8 +100,11 @@ def test_the_check_catches_a_wrong_signature():
         check_signature("Drafter.pld", fn, core.Drafter.pld, method=False)
 
 
-def test_forwarded_members_work_on_a_drafter():
+def test_a_drafter_has_no_stream_of_its_own_a_session_is_one():
     d = core.Drafter.recap(50, k=2)
-    d.begin(np.arange(5))
-    assert len(d.propose()) >= 1 and d.history.tolist() == [0, 1, 2, 3, 4]
-    assert d.bytes() > 0 and dict(d.bytes_by_part())
+    for stream_only in ("begin", "propose", "observe", "history", "observe_packed"):
+        assert not hasattr(d, stream_only), stream_only  # no hidden default session
+    s = d.session()
+    s.begin(np.arange(5))
+    assert len(s.propose()) >= 1 and s.history.tolist() == [0, 1, 2, 3, 4]
+    assert s.bytes() > 0 and dict(s.bytes_by_part())

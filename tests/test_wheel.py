@@ -23,7 +23,7 @@ SMOKE = textwrap.dedent("""
     import recap, recap._core
     assert recap.__file__.startswith(sys.prefix), recap.__file__   # the installed wheel, not the repository
     import numpy as np
-    d = recap.Drafter.recap(128, budget=8)
+    d = recap.Drafter.recap(128, budget=8).session()
     d.begin(np.array([5, 6, 7, 5, 6], dtype=np.int64))
     assert len(d.propose()) >= 1
     import torch

@@ -1,9 +1,7 @@
 //! `Drafter`: one drafter shared by every request (configuration, persistent memory,
-//! cross-request structures, budget calibration), safe to use from many threads. Each
-//! request opens its own `Session`; the drafter's single-stream methods (`begin`, `propose`,
-//! `observe`, ...) run on a default session, for scripts that draft one stream at a time.
-
-use std::sync::Mutex;
+//! cross-request structures, budget calibration), safe to use from many threads. Every
+//! stream of drafts, one script's included, is a `Session` opened from it; the drafter is
+//! where the budget's cost curve is set, for every session opened afterwards.
 
 use pyo3::prelude::*;
 use recap_core::peers::{SuffixTreeConfig, TR_LEVELS};
@@ -19,8 +17,6 @@ use crate::session::Session;
 pub struct Drafter {
     inner: SharedDrafter,
     memory: Option<Py<PersistentMemory>>,
-    /// The session the single-stream methods use (opened by `begin`).
-    default: Mutex<Option<Py<Session>>>,
 }
 
 /// The given memory (checked against vocab_size and k) or a new private one.
@@ -69,11 +65,7 @@ impl Drafter {
         };
         let shared = memory.as_ref().map(|m| m.get().inner.clone());
         let inner = SharedDrafter::new(source, vocab_size, &excluded, shared).map_err(to_py)?;
-        Ok(Drafter {
-            inner,
-            memory,
-            default: Mutex::new(None),
-        })
+        Ok(Drafter { inner, memory })
     }
 
     fn open(
@@ -89,36 +81,6 @@ impl Drafter {
             .map_err(to_py)?;
         let memory = memory.or_else(|| self.memory.as_ref().map(|m| m.clone_ref(py)));
         Ok(Session { session, memory })
-    }
-
-    /// Applies `f` to the default session if one is open; a session opened later starts from
-    /// the drafter's calibration, which the caller has already updated.
-    fn on_open_default(
-        &self,
-        py: Python<'_>,
-        f: impl FnOnce(&mut recap_core::DraftSession) -> recap_core::Result<()>,
-    ) -> PyResult<()> {
-        let open = self
-            .default
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|s| s.clone_ref(py));
-        match open {
-            Some(s) => f(&mut s.bind(py).try_borrow_mut()?.session).map_err(to_py),
-            None => Ok(()),
-        }
-    }
-
-    /// The default session, opened on first use.
-    fn default_session(&self, py: Python<'_>) -> PyResult<Py<Session>> {
-        let mut slot = self.default.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = slot.as_ref() {
-            return Ok(s.clone_ref(py));
-        }
-        let s = Py::new(py, self.open(py, None, None)?)?;
-        *slot = Some(s.clone_ref(py));
-        Ok(s)
     }
 }
 
@@ -303,45 +265,18 @@ impl Drafter {
         self.open(py, memory, calibration.as_ref().map(|c| c.get()))
     }
 
-    /// Starts a request on the default session (the previous one finishes first).
-    fn begin(&self, py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<()> {
-        let old = self
-            .default
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(old) = old {
-            old.bind(py).try_borrow_mut()?.session.finish();
-        }
-        self.default_session(py)?
-            .bind(py)
-            .call_method1("begin", (context,))?;
-        Ok(())
-    }
-
-    /// Hardware-aware tree size for every session opened from now on (and the default
-    /// session): with `cost` (cost[n-1] = seconds of a verification pass over n tokens),
+    /// Hardware-aware tree size for every session opened from now on: with `cost` (cost[n-1] = seconds of a verification pass over n tokens),
     /// every tree is cut to the prefix with the most expected committed tokens per second;
     /// None verifies whole trees.
     #[pyo3(signature = (cost))]
-    fn set_cost(&self, py: Python<'_>, cost: Option<Vec<f32>>) -> PyResult<()> {
-        self.inner.set_cost(cost.clone()).map_err(to_py)?;
-        self.on_open_default(py, |s| s.set_auto_budget(cost))
+    fn set_cost(&self, cost: Option<Vec<f32>>) -> PyResult<()> {
+        self.inner.set_cost(cost).map_err(to_py)
     }
 
-    /// The automatic budget for every session opened from now on (and the default session),
-    /// sizing trees by a cost curve measured at `points` tree tokens (`seconds` per pass),
+    /// The automatic budget for every session opened from now on, sizing trees by a cost curve measured at `points` tree tokens (`seconds` per pass),
     /// which each session's step timings then correct.
-    fn set_cost_points(
-        &self,
-        py: Python<'_>,
-        points: Vec<usize>,
-        seconds: Vec<f64>,
-    ) -> PyResult<()> {
-        self.inner
-            .set_cost_points(points.clone(), seconds.clone())
-            .map_err(to_py)?;
-        self.on_open_default(py, |s| s.set_cost_points(points, seconds))
+    fn set_cost_points(&self, points: Vec<usize>, seconds: Vec<f64>) -> PyResult<()> {
+        self.inner.set_cost_points(points, seconds).map_err(to_py)
     }
 
     /// The most nodes one tree can hold, root not counted.
@@ -369,17 +304,6 @@ impl Drafter {
         Calibration {
             inner: self.inner.calibration().clone(),
         }
-    }
-
-    /// The default session's attributes (history, seed, propose, observe, propose_into,
-    /// observe_packed, cost_state, last_selection, calibration, bytes, bytes_by_part).
-    fn __getattr__(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
-        if name.starts_with("__") {
-            return Err(pyo3::exceptions::PyAttributeError::new_err(
-                name.to_string(),
-            ));
-        }
-        Ok(self.default_session(py)?.bind(py).getattr(name)?.unbind())
     }
 }
 

@@ -88,20 +88,6 @@ pub struct Session {
 
 #[pymethods]
 impl Session {
-    /// Hardware-aware tree size: with `cost` (cost[n-1] = seconds of a verification pass
-    /// over n tokens), every tree is cut to the prefix with the most expected committed
-    /// tokens per second; None verifies whole trees.
-    #[pyo3(signature = (cost))]
-    fn set_cost(&mut self, cost: Option<Vec<f32>>) -> PyResult<()> {
-        self.session.set_auto_budget(cost).map_err(to_py)
-    }
-
-    /// The automatic budget, sizing trees by a cost curve measured at `points` tree tokens
-    /// (`seconds` per pass), which each step's timing then corrects (see observe_packed).
-    fn set_cost_points(&mut self, points: Vec<usize>, seconds: Vec<f64>) -> PyResult<()> {
-        self.session.set_cost_points(points, seconds).map_err(to_py)
-    }
-
     /// The online cost curve's state as a dict (None without one): measured points and ms,
     /// per-point and global correction factors, the passes that corrected each point, steps
     /// observed, host ms per step.
