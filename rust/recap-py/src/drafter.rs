@@ -80,7 +80,11 @@ impl Drafter {
             .session(shared, calibration.map(|c| c.inner.clone()))
             .map_err(to_py)?;
         let memory = memory.or_else(|| self.memory.as_ref().map(|m| m.clone_ref(py)));
-        Ok(Session { session, memory })
+        Ok(Session {
+            session,
+            memory,
+            scratch: Default::default(),
+        })
     }
 }
 

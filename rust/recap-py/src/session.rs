@@ -84,6 +84,8 @@ impl Packed {
 pub struct Session {
     pub(crate) session: DraftSession,
     pub(crate) memory: Option<Py<PersistentMemory>>,
+    /// observe_packed's parsed rows, reused step after step.
+    pub(crate) scratch: step::ObserveScratch,
 }
 
 #[pymethods]
@@ -325,7 +327,8 @@ impl Session {
         host_s: Option<f64>,
     ) -> PyResult<(IdsArray<'py>, IdsArray<'py>)> {
         let n = self.session.tree().len();
-        let (path, committed) = step::observe_packed(&mut self.session, py, packed, k)?;
+        let (path, committed) =
+            step::observe_packed(&mut self.session, &mut self.scratch, py, packed, k)?;
         if let Some(f) = forward_s {
             self.session.observe_timing(n, f, host_s).map_err(to_py)?;
         }

@@ -99,27 +99,78 @@ fn fill(
     Ok(())
 }
 
+/// The verifier rows of one step, parsed: kept by the session and reused, so a step's
+/// observe allocates nothing for them.
+#[derive(Default)]
+pub struct ObserveScratch {
+    pred: Vec<u32>,
+    ids: Vec<u32>,
+    probs: Vec<f32>,
+}
+
+impl ObserveScratch {
+    /// Parses the packed rows [T, 1 + 2k] in place (any strides) into the scratch.
+    fn fill<T: Copy + Into<f64>>(
+        &mut self,
+        a: numpy::ndarray::ArrayView2<'_, T>,
+        k: usize,
+    ) -> PyResult<()> {
+        let id = |v: f64| -> PyResult<u32> {
+            if v.fract() == 0.0 && (0.0..f64::from(u32::MAX)).contains(&v) {
+                Ok(v as u32)
+            } else {
+                Err(to_py(Error::invalid(
+                    "packed",
+                    "token ids that are whole numbers >= 0",
+                    v,
+                )))
+            }
+        };
+        self.pred.clear();
+        self.ids.clear();
+        self.probs.clear();
+        for row in a.rows() {
+            self.pred.push(id(row[0].into())?);
+            for c in 1..1 + k {
+                self.ids.push(id(row[c].into())?);
+            }
+            for c in 1 + k..1 + 2 * k {
+                self.probs.push(row[c].into() as f32);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Accepts the tree against the packed verifier output [T, 1 + 2k] (argmax, top-k ids, top-k
-/// probabilities per node, float32 or float64); returns (path, committed tokens).
+/// probabilities per node, float32 or float64), read where it lies; returns (path, committed
+/// tokens).
 pub fn observe_packed(
     session: &mut DraftSession,
+    scratch: &mut ObserveScratch,
     py: Python<'_>,
     packed: &Bound<'_, PyAny>,
     k: usize,
 ) -> PyResult<(Vec<i64>, Vec<i64>)> {
-    let (values, rows, width) = if let Ok(a) = packed.extract::<PyReadonlyArray2<'_, f32>>() {
-        let s = a.shape();
-        (
-            a.as_array()
-                .iter()
-                .map(|&v| f64::from(v))
-                .collect::<Vec<f64>>(),
-            s[0],
-            s[1],
-        )
+    let check_width = |width: usize| {
+        if width == 1 + 2 * k {
+            Ok(())
+        } else {
+            Err(to_py(Error::invalid(
+                "packed",
+                format!("{} columns (argmax, {k} ids, {k} probabilities)", 1 + 2 * k),
+                format!("{width}"),
+            )))
+        }
+    };
+    let rows = if let Ok(a) = packed.extract::<PyReadonlyArray2<'_, f32>>() {
+        check_width(a.shape()[1])?;
+        scratch.fill(a.as_array(), k)?;
+        a.shape()[0]
     } else if let Ok(a) = packed.extract::<PyReadonlyArray2<'_, f64>>() {
-        let s = a.shape();
-        (a.as_array().iter().copied().collect(), s[0], s[1])
+        check_width(a.shape()[1])?;
+        scratch.fill(a.as_array(), k)?;
+        a.shape()[0]
     } else {
         return Err(to_py(Error::wrong_type(
             "packed",
@@ -127,38 +178,11 @@ pub fn observe_packed(
             crate::arrays::describe(packed),
         )));
     };
-    if width != 1 + 2 * k {
-        return Err(to_py(Error::invalid(
-            "packed",
-            format!("{} columns (argmax, {k} ids, {k} probabilities)", 1 + 2 * k),
-            format!("{width}"),
-        )));
-    }
-    let id = |v: f64| -> PyResult<u32> {
-        if v.fract() == 0.0 && (0.0..f64::from(u32::MAX)).contains(&v) {
-            Ok(v as u32)
-        } else {
-            Err(to_py(Error::invalid(
-                "packed",
-                "token ids that are whole numbers >= 0",
-                v,
-            )))
-        }
-    };
-    let mut pred = Vec::with_capacity(rows);
-    let mut ids = Vec::with_capacity(rows * k);
-    let mut probs = Vec::with_capacity(rows * k);
-    for row in values.chunks_exact(width) {
-        pred.push(id(row[0])?);
-        for &v in &row[1..1 + k] {
-            ids.push(id(v)?);
-        }
-        probs.extend(row[1 + k..].iter().map(|&p| p as f32));
-    }
     let vocab = session.vocab_size();
+    let ObserveScratch { pred, ids, probs } = scratch;
     py.detach(|| {
-        let rows = TopKRows::new(&ids, &probs, k, rows, vocab)?;
-        let acc = session.observe(&pred, &rows)?;
+        let rows = TopKRows::new(ids, probs, k, rows, vocab)?;
+        let acc = session.observe(pred, &rows)?;
         let committed = acc
             .committed_tokens(session.tree())
             .iter()
