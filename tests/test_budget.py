@@ -11,13 +11,17 @@ from tiny_models import text_model
 V = 50
 
 
+# A repetitive history: a session begun on it drafts a long suffix chain first.
+WARM = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], dtype=np.int64)
+
+
 def warm_drafter(cost):
-    """A RECAP drafter with a repetitive history, so its first tree is a long suffix chain."""
+    """A session of a RECAP drafter (given `cost`, when not None) begun on WARM."""
     drafter = RecapConfig(budget="auto", max_budget=32).new_drafter(V)
     if cost is not None:
         drafter.set_cost(cost)
     d = drafter.session()
-    d.begin(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], dtype=np.int64))
+    d.begin(WARM)
     return d
 
 
@@ -27,7 +31,7 @@ def test_the_drafter_corrects_the_measured_curve_from_step_timings():
     drafter = RecapConfig(budget="auto", max_budget=32).new_drafter(V)
     drafter.set_cost_points([1, 4, 8, 64], [0.010, 0.016, 0.024, 0.1])
     d = drafter.session()
-    d.begin(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], dtype=np.int64))
+    d.begin(WARM)
     for step in range(40):
         t = d.propose()
         n = len(t)

@@ -269,16 +269,17 @@ impl Drafter {
         self.open(py, memory, calibration.as_ref().map(|c| c.get()))
     }
 
-    /// Hardware-aware tree size for every session opened from now on: with `cost` (cost[n-1] = seconds of a verification pass over n tokens),
-    /// every tree is cut to the prefix with the most expected committed tokens per second;
-    /// None verifies whole trees.
+    /// Hardware-aware tree size for every session opened from now on: with `cost`
+    /// (cost[n-1] = seconds of a verification pass over n tokens), every tree is cut to the
+    /// prefix with the most expected committed tokens per second; None verifies whole trees.
     #[pyo3(signature = (cost))]
     fn set_cost(&self, cost: Option<Vec<f32>>) -> PyResult<()> {
         self.inner.set_cost(cost).map_err(to_py)
     }
 
-    /// The automatic budget for every session opened from now on, sizing trees by a cost curve measured at `points` tree tokens (`seconds` per pass),
-    /// which each session's step timings then correct.
+    /// The automatic budget for every session opened from now on, sizing trees by a cost
+    /// curve measured at `points` tree tokens (`seconds` per pass), which each session's step
+    /// timings then correct.
     fn set_cost_points(&self, points: Vec<usize>, seconds: Vec<f64>) -> PyResult<()> {
         self.inner.set_cost_points(points, seconds).map_err(to_py)
     }

@@ -6,7 +6,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use recap_core::SharedMemory;
 use recap_core::SnapshotExpect as Expect;
-use recap_core::UnigramTable;
 
 use crate::errors::to_py;
 
@@ -105,7 +104,7 @@ impl PersistentMemory {
         py: Python<'py>,
         token: u32,
     ) -> Option<(IdsArray<'py>, Bound<'py, PyArray1<f32>>)> {
-        let table: std::sync::RwLockReadGuard<'_, UnigramTable> = self.inner.read();
+        let table = self.inner.read();
         let r = table.get(token)?;
         let ids: Vec<i64> = r.ids.iter().map(|&x| x as i64).collect();
         Some((ids.into_pyarray(py), r.probs.to_vec().into_pyarray(py)))

@@ -109,12 +109,20 @@ pub struct ObserveScratch {
 }
 
 impl ObserveScratch {
-    /// Parses the packed rows [T, 1 + 2k] in place (any strides) into the scratch.
-    fn fill<T: Copy + Into<f64>>(
+    /// Parses the packed rows [T, 1 + 2k] in place (any strides) into the scratch; returns T.
+    fn parse<T: Copy + Into<f64>>(
         &mut self,
         a: numpy::ndarray::ArrayView2<'_, T>,
         k: usize,
-    ) -> PyResult<()> {
+    ) -> PyResult<usize> {
+        let (rows, width) = a.dim();
+        if width != 1 + 2 * k {
+            return Err(to_py(Error::invalid(
+                "packed",
+                format!("{} columns (argmax, {k} ids, {k} probabilities)", 1 + 2 * k),
+                format!("{width}"),
+            )));
+        }
         let id = |v: f64| -> PyResult<u32> {
             if v.fract() == 0.0 && (0.0..f64::from(u32::MAX)).contains(&v) {
                 Ok(v as u32)
@@ -138,7 +146,7 @@ impl ObserveScratch {
                 self.probs.push(row[c].into() as f32);
             }
         }
-        Ok(())
+        Ok(rows)
     }
 }
 
@@ -152,25 +160,10 @@ pub fn observe_packed(
     packed: &Bound<'_, PyAny>,
     k: usize,
 ) -> PyResult<(Vec<i64>, Vec<i64>)> {
-    let check_width = |width: usize| {
-        if width == 1 + 2 * k {
-            Ok(())
-        } else {
-            Err(to_py(Error::invalid(
-                "packed",
-                format!("{} columns (argmax, {k} ids, {k} probabilities)", 1 + 2 * k),
-                format!("{width}"),
-            )))
-        }
-    };
     let rows = if let Ok(a) = packed.extract::<PyReadonlyArray2<'_, f32>>() {
-        check_width(a.shape()[1])?;
-        scratch.fill(a.as_array(), k)?;
-        a.shape()[0]
+        scratch.parse(a.as_array(), k)?
     } else if let Ok(a) = packed.extract::<PyReadonlyArray2<'_, f64>>() {
-        check_width(a.shape()[1])?;
-        scratch.fill(a.as_array(), k)?;
-        a.shape()[0]
+        scratch.parse(a.as_array(), k)?
     } else {
         return Err(to_py(Error::wrong_type(
             "packed",
