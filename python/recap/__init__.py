@@ -17,11 +17,15 @@ def __getattr__(name: str):
         from recap.decoder import Decoder
 
         return Decoder
+    if name == "ContinuousBatch":  # rows that join a running batch between steps
+        from recap.continuous import ContinuousBatch
+
+        return ContinuousBatch
     if name == "generate":  # model.generate(..., custom_generate=recap.generate)
         from recap.generation import generate
 
         return generate
     raise AttributeError(f"module 'recap' has no attribute {name!r}")
 
-__all__ = ["DRAFTERS", "Decoder", "generate", "DraftTree", "Drafter", "MemoryPool", "PersistentMemory", "RecapConfig",
-           "__version__", "memory_fingerprint"]
+__all__ = ["DRAFTERS", "ContinuousBatch", "Decoder", "generate", "DraftTree", "Drafter", "MemoryPool",
+           "PersistentMemory", "RecapConfig", "__version__", "memory_fingerprint"]

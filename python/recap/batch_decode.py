@@ -33,10 +33,15 @@ from recap.stats import GenerationStats
 class _Row:
     """One prompt of the batch: its session, its tokens so far and how it picks them."""
 
-    def __init__(self, index: int, prompt: list[int], padded: list[int], session, chooser) -> None:
+    def __init__(self, index: int, prompt: list[int], padded: list[int], session, chooser, req) -> None:
         self.index, self.prompt, self.padded = index, prompt, padded
         self.session, self.chooser = session, chooser
+        self.req = req  # its stop rules (EOS, length, criteria): the batch's, or its own request's
         self.out: list[int] = []
+        self.stats: GenerationStats | None = None  # a row's own figures, where it keeps them
+        self.error: Exception | None = None  # what its own processors raised (the row then ends)
+        self.started, self.ended = 0.0, False
+        self.held: Any = None  # a joining row's admission and session (`recap.continuous`)
         self.picks: NodePicks | None = None
         # A row alone: its streamer and the raw logits row of every committed token.
         self.streamer: Any = None
@@ -68,28 +73,21 @@ def decode_batch(decoder, req, sessions: list) -> Any:
     rows = []
     for b in range(req.batch):
         padded = ids[b].tolist()
-        rows.append(_Row(b, padded[pads[b]:], padded, sessions[b], req.choosers[b]))
+        rows.append(_Row(b, padded[pads[b]:], padded, sessions[b], req.choosers[b], req))
     if req.batch == 1:
         _alone(req, rows[0], ids)
-    keep = []
-    for b, row in enumerate(rows):
-        first = row.chooser.choose(row.padded, last[b], 0)
-        row.out.append(first)
-        row.commit([first], last[b:b + 1])
-        if not _finished(decoder, req, row, first):
-            row.session.begin(np.asarray(row.prompt + [first], dtype=np.int64))
-            row.session.limit_new_tokens(req.max_new - len(row.out))
-            row.session.seed(*seeds[b])
-            if not row.chooser.plain_greedy:
-                row.picks = NodePicks(row.chooser, row.padded + row.out, capacity, max_nodes, tp.device)
-            keep.append(b)
+    keep = [b for b, row in enumerate(rows) if start_row(decoder, row, last[b], seeds[b], capacity, tp.device)]
     stats.prefill_s = time.perf_counter() - t_start
     active = [rows[b] for b in keep]
     if len(keep) < req.batch:
         tp.drop(np.asarray(keep, dtype=np.int64))
     budget = decoder._batch_budget(len(active)) if active else None
     while active:
-        active = _step(decoder, req, tp, active, stats, budget, k)
+        before = active
+        active = step_rows(decoder, tp, active, stats, budget, k)
+        failed = next((row.error for row in before if row.error is not None), None)
+        if failed is not None:
+            raise failed
     for row in rows:
         row.session.finish()
         if row.streamer is not None:
@@ -119,8 +117,24 @@ def _alone(req, row: _Row, ids: torch.Tensor) -> None:
         row.logit_rows = TokenRows()
 
 
-def _step(decoder, req, tp: BatchTreePass, active: list[_Row], stats: GenerationStats,
-          budget: BatchBudget | None, k: int) -> list[_Row]:
+def start_row(decoder, row: _Row, last: torch.Tensor, seed: tuple, capacity: int, device) -> bool:
+    """A prefilled row's first token (from its prompt's last logits [V]); its session begins
+    unless the row has already ended. Returns whether it decodes on."""
+    first = row.chooser.choose(row.padded, last, 0)
+    row.out.append(first)
+    row.commit([first], last.unsqueeze(0))
+    if _finished(decoder, row, first):
+        return False
+    row.session.begin(np.asarray(row.prompt + [first], dtype=np.int64))
+    row.session.limit_new_tokens(row.req.max_new - len(row.out))
+    row.session.seed(*seed)
+    if not row.chooser.plain_greedy:
+        row.picks = NodePicks(row.chooser, row.padded + row.out, capacity, row.session.max_nodes, device)
+    return True
+
+
+def step_rows(decoder, tp: BatchTreePass, active: list[_Row], stats: GenerationStats,
+              budget: BatchBudget | None, k: int) -> list[_Row]:
     """One pass for every active row; returns the rows still decoding."""
     phase = stats.phase_s
     t0 = time.perf_counter()
@@ -144,15 +158,21 @@ def _step(decoder, req, tp: BatchTreePass, active: list[_Row], stats: Generation
         budget.observe(len(active), t, t3 - t2)
     paths, done = [], []
     for j, row in enumerate(active):
+        if row.error is not None:  # its picks failed: it keeps its root only and leaves
+            paths.append(np.zeros(1, dtype=np.int64))
+            done.append(True)
+            continue
         n = int(tp.sizes[j])
         path, committed = row.session.observe_packed(packed[j, :n], k)
         paths.append(path)
         stats.record_step(n, len(path), None)
+        if row.stats is not None:
+            row.stats.record_step(n, len(path), None)
         new = committed.tolist()
         stop = False
         for i, tok in enumerate(new):
             row.out.append(tok)
-            if _finished(decoder, req, row, tok):
+            if _finished(decoder, row, tok):
                 new, stop = new[:i + 1], True
                 break
         if row.picks is not None:
@@ -184,12 +204,16 @@ def _picks(tp: BatchTreePass, active: list[_Row], logits: torch.Tensor) -> torch
         if row.picks is not None:
             n = int(tp.sizes[j])
             depths = tp.depths[j, :n]
-            pred[j, :n] = row.picks.pick(logits[j, :n], tp.tokens[j, :n], tp.parents[j, :n], depths,
-                                         int(depths.max()), len(row.out))
+            try:
+                pred[j, :n] = row.picks.pick(logits[j, :n], tp.tokens[j, :n], tp.parents[j, :n], depths,
+                                             int(depths.max()), len(row.out))
+            except Exception as e:  # noqa: BLE001 - one row's processors fail that row, not the pass
+                row.error = e
     return pred
 
 
-def _finished(decoder, req, row: _Row, tok: int) -> bool:
+def _finished(decoder, row: _Row, tok: int) -> bool:
+    req = row.req
     return tok in req.eos or len(row.out) >= req.max_new or decoder._stop(req, row.padded, row.out)
 
 

@@ -329,11 +329,23 @@ class Decoder:
         early are padded with the pad token, as batched generate does. ``seed`` is then one
         int per row, or one int s giving row i the seed s + i; ``memory_scope`` one scope for
         all rows or one per row."""
-        request = from_call(self.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
-                            max_length=max_length, eos_token_id=eos_token_id, streamer=streamer,
-                            generation_config=generation_config, logits_processor=logits_processor,
-                            stopping_criteria=stopping_criteria, seed=seed, kwargs=kwargs)
+        request = self.request(input_ids, attention_mask, max_new_tokens=max_new_tokens, max_length=max_length,
+                               eos_token_id=eos_token_id, streamer=streamer, generation_config=generation_config,
+                               logits_processor=logits_processor, stopping_criteria=stopping_criteria, seed=seed,
+                               **kwargs)
         return self.run(request, memory_scope=memory_scope)
+
+    def request(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                max_new_tokens: int | None = None, max_length: int | None = None,
+                eos_token_id: int | list[int] | None = UNSET, streamer: Any = None,
+                generation_config: Any = None, logits_processor: Any = None, stopping_criteria: Any = None,
+                seed: int | list[int] | None = None, **kwargs: Any) -> Request:
+        """The validated request `generate` would decode (same arguments, no memory scope):
+        what `run` and `recap.ContinuousBatch.join` take."""
+        return from_call(self.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                         max_length=max_length, eos_token_id=eos_token_id, streamer=streamer,
+                         generation_config=generation_config, logits_processor=logits_processor,
+                         stopping_criteria=stopping_criteria, seed=seed, kwargs=kwargs)
 
     @torch.no_grad()
     def run(self, request: Request, *, memory_scope: str | list[str | None] | None = None,
