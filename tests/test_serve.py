@@ -276,25 +276,30 @@ def test_a_full_queue_answers_429_and_a_client_that_leaves_frees_its_row(smollm2
             assert "recap_rejected_total 2.0" in h.get("/metrics").text
 
 
-class _FailsOnMarker:
-    """A decoder whose generate raises for prompts that start with token 7 (a request's
-    processors failing), and decodes every other prompt as the real one does."""
+class _FailingProcessor:
+    """A logits processor that raises (a request's processors failing mid-decoding)."""
 
-    def __init__(self, decoder) -> None:
-        self._decoder = decoder
+    def __call__(self, input_ids, scores):
+        raise RuntimeError("a processor failed")
 
-    def __getattr__(self, name):
-        return getattr(self._decoder, name)
 
-    def generate(self, ids, **kw):
-        if int(ids[0, 0]) == 7:
-            raise RuntimeError("a processor failed")
-        return self._decoder.generate(ids, **kw)
+class _FailsOnMarker(Engine):
+    """An engine whose requests that start with token 7 carry a processor that raises; every
+    other request decodes as with the real engine, in the same batch."""
+
+    def _generation_kwargs(self, job):
+        kw = super()._generation_kwargs(job)
+        if job.prompt_ids[0] == 7:
+            from transformers import LogitsProcessorList
+
+            kw["logits_processor"] = LogitsProcessorList([_FailingProcessor()])
+        return kw
 
 
 def test_a_failing_request_gets_500_and_the_others_go_on(smollm2, decoder):
     _, tok = smollm2
-    with serving(engine_for(_FailsOnMarker(decoder), tok, max_running=2, max_queue=4)) as url:
+    engine = _FailsOnMarker(decoder, tok, context_window=context_window(decoder.model), max_running=2, max_queue=4)
+    with serving(engine) as url:
         c = client(url)
         with ThreadPoolExecutor(2) as pool:
             good = pool.submit(c.completions.create, model=NAME, prompt="The sky is", max_tokens=12)

@@ -1,16 +1,18 @@
-"""The engine behind `recap serve`: admission, a bounded queue, and one row per running
-request on a `recap.Decoder`.
+"""The engine behind `recap serve`: admission, a bounded queue, and continuous batching of
+the running requests on a `recap.ContinuousBatch`.
 
-request -> admit (queue bound, else 429; draining, else 503) -> a worker takes it ->
-``Decoder.generate`` on its own session, KV cache and tree (exactly its batch-1 output) ->
-every committed token reaches the request's event stream -> done (usage, RECAP's figures).
+request -> admit (queue bound, else 429; draining, else 503) -> between two steps the
+scheduler joins it to the running batch (its prompt prefilled alone into a free row) ->
+every step verifies every running row's tree in one pass -> every committed token reaches
+the request's event stream -> done (usage, RECAP's figures) and its row leaves.
 
-A row joins as soon as a worker is free and leaves when it ends: at EOS, ``max_tokens``, a
-stop string, or when it is cancelled (the client went away, or the server is stopping),
-which the decoder sees at its next step through a stopping criterion. Rows decode
-concurrently on the worker threads (one decoder serves many threads); each has its own
-session, sampling settings, seed, stop rules and memory scope. Rows do not share
-verification passes: each step verifies one row's tree.
+At most `max_running` rows decode together; a request that arrives while they run waits in
+the queue only until a row ends, not until the batch does. A row leaves when it ends: at
+EOS, ``max_tokens``, a stop string, or when it is cancelled (the client went away, or the
+server is stopping), which the batch sees at its next step through a stopping criterion.
+Each row has its own session, sampling settings, seed, stop rules and memory scope, and its
+output is its own batch-1 `generate` output whoever shares its steps. One thread, the
+scheduler, runs every pass.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import torch
 
+from recap.continuous import ContinuousBatch, Row
 from recap.serve.metrics import Metrics
 from recap.serve.protocol import ApiError, Completion
 
@@ -42,6 +45,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
+    stream: Any = None  # its `_TextStream`, once it runs
 
     def send(self, *event: Any) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -125,7 +129,7 @@ def _figures(stats: dict) -> dict:
 
 
 class Engine:
-    """Runs admitted requests on `max_running` worker threads over one decoder."""
+    """Runs admitted requests as the rows of one continuous batch, at most `max_running` at a time."""
 
     def __init__(self, decoder: Any, tokenizer: Any, *, max_running: int = 4, max_queue: int = 64,
                  context_window: int | None = None, metrics: Metrics | None = None,
@@ -143,10 +147,8 @@ class Engine:
         self._lock = threading.Lock()
         self._draining = False
         self._running_jobs: set[Job] = set()
-        self._workers = [threading.Thread(target=self._work, name=f"recap-row-{i}", daemon=True)
-                         for i in range(max_running)]
-        for w in self._workers:
-            w.start()
+        self._scheduler = threading.Thread(target=self._schedule, name="recap-scheduler", daemon=True)
+        self._scheduler.start()
 
     # ---- admission --------------------------------------------------------------------------
     def prompt_ids(self, req: Completion) -> list[int]:
@@ -191,69 +193,108 @@ class Engine:
         return job
 
     # ---- the rows ---------------------------------------------------------------------------
-    def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            with self._lock:
-                self._waiting -= 1
-                self._running += 1
-                self._running_jobs.add(job)
-                self.metrics.queue.set(self._waiting)
-                self.metrics.running.set(self._running)
+    def _schedule(self) -> None:
+        """Between steps: join waiting requests to free rows; then one step for every row."""
+        batch = ContinuousBatch(self.decoder)
+        jobs: dict[int, Job] = {}  # id(row) -> its request
+        stopping = False  # `close` has cancelled the rows: they end at the next step
+        while not (stopping and not batch.rows):
+            while not stopping and len(batch.rows) < self.max_running:
+                try:
+                    job = self._queue.get(block=not batch.rows)
+                except queue.Empty:
+                    break
+                if job is None:
+                    stopping = True
+                    break
+                self._start(job)
+                self._join(batch, job, jobs)
+            if not batch.rows:
+                continue
             try:
-                if job.cancel.is_set():
-                    self.metrics.failed("cancelled")
-                    job.send("done", "cancelled", 0, {}, "")
-                else:
-                    self._run(job)
-            except ApiError as e:
-                self.metrics.failed("error")
-                job.send("error", e)
-            except Exception as e:  # noqa: BLE001 - one request fails, the server keeps serving
-                self.metrics.failed("error")
-                job.send("error", ApiError(500, f"the request failed: {type(e).__name__}: {e}", kind="server_error",
-                                           code="internal_error"))
-            finally:
-                with self._lock:
-                    self._running -= 1
-                    self._running_jobs.discard(job)
-                    self.metrics.running.set(self._running)
+                ended = batch.step()
+            except Exception as e:  # noqa: BLE001 - the shared pass failed: its rows fail, the server goes on
+                error = ApiError(500, f"the request failed: {type(e).__name__}: {e}", kind="server_error",
+                                 code="internal_error")
+                rows, batch.rows = batch.rows, []
+                batch.close()
+                for row in rows:
+                    self._fail(jobs.pop(id(row)), error)
+                continue
+            for row in ended:
+                self._done(jobs.pop(id(row)), row)
 
-    def _run(self, job: Job) -> None:
+    def _start(self, job: Job) -> None:
+        with self._lock:
+            self._waiting -= 1
+            self._running += 1
+            self._running_jobs.add(job)
+            self.metrics.queue.set(self._waiting)
+            self.metrics.running.set(self._running)
+
+    def _join(self, batch: ContinuousBatch, job: Job, jobs: dict[int, Job]) -> None:
+        if job.cancel.is_set():
+            self.metrics.failed("cancelled")
+            job.send("done", "cancelled", 0, {}, "")
+            self._leave(job)
+            return
+        try:
+            row = batch.join(self.decoder.request(torch.tensor([job.prompt_ids], dtype=torch.long),
+                                                  **self._generation_kwargs(job)), memory_scope=job.scope)
+        except ApiError as e:
+            self._fail(job, e)
+            return
+        except Exception as e:  # noqa: BLE001 - one request fails, the server keeps serving
+            self._fail(job, ApiError(500, f"the request failed: {type(e).__name__}: {e}", kind="server_error",
+                                     code="internal_error"))
+            return
+        if row.ended:
+            self._done(job, row)
+        else:
+            jobs[id(row)] = job
+
+    def _generation_kwargs(self, job: Job) -> dict[str, Any]:
+        """What the row decodes with: its length, stream, cancellation, sampling and seed."""
         s = job.request.sampling
-        stream = _TextStream(job, self.tok, s.stop)
-        kw: dict[str, Any] = dict(max_new_tokens=s.max_tokens, streamer=stream, return_dict_in_generate=True,
+        job.stream = _TextStream(job, self.tok, s.stop)
+        kw: dict[str, Any] = dict(max_new_tokens=s.max_tokens, streamer=job.stream,
                                   stopping_criteria=[_Cancelled(job.cancel)])
         if not s.greedy:
             seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(7), "little")
             kw.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0, seed=seed)
-        if job.scope is not None:
-            kw["memory_scope"] = job.scope
-        ids = torch.tensor([job.prompt_ids], dtype=torch.long)
-        out = self.decoder.generate(ids, **kw)
-        new = out.sequences[0, len(job.prompt_ids):].tolist()
-        stats = out.recap_stats or {}
-        eos = self._eos()
+        return kw
+
+    def _done(self, job: Job, row: Row) -> None:
+        if row.error is not None:
+            self._fail(job, ApiError(500, f"the request failed: {type(row.error).__name__}: {row.error}",
+                                     kind="server_error", code="internal_error"))
+            return
+        new, stream = row.out, job.stream
+        assert stream is not None
         if stream.stopped:
             reason = "stop"
         elif job.cancel.is_set():
             reason = "cancelled"
-        elif new and new[-1] in eos:
+        elif new and new[-1] in row.req.eos:
             reason = "stop"
         else:
             reason = "length"
-        figures = _figures(stats)
+        figures = _figures(row.stats.as_dict() if row.stats is not None else {})
         self.metrics.finished(len(job.prompt_ids), len(new), figures, time.perf_counter() - job.submitted,
                               job.first_token_s, reason)
         job.send("done", reason, len(new), figures, stream.final_text())
+        self._leave(job)
 
-    def _eos(self) -> set[int]:
-        eos = getattr(self.decoder.model.generation_config, "eos_token_id", None)
-        if eos is None:
-            return set()
-        return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
+    def _fail(self, job: Job, error: ApiError) -> None:
+        self.metrics.failed("error")
+        job.send("error", error)
+        self._leave(job)
+
+    def _leave(self, job: Job) -> None:
+        with self._lock:
+            self._running -= 1
+            self._running_jobs.discard(job)
+            self.metrics.running.set(self._running)
 
     # ---- stopping ---------------------------------------------------------------------------
     def stop_admitting(self) -> None:
@@ -263,7 +304,7 @@ class Engine:
 
     def close(self, grace_s: float = 10.0) -> None:
         """Stops admitting, lets running and queued rows finish for `grace_s`, cancels the
-        rest, and stops the workers."""
+        rest (they end at the next step), and stops the scheduler."""
         self.stop_admitting()
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
@@ -274,7 +315,7 @@ class Engine:
         with self._lock:
             for job in self._running_jobs:
                 job.cancel.set()
-        # Queued jobs not yet taken end as cancelled when a worker takes them.
+        # Queued jobs not yet joined end as cancelled here.
         while True:
             try:
                 left = self._queue.get_nowait()
@@ -284,10 +325,8 @@ class Engine:
                 left.send("done", "cancelled", 0, {}, "")
                 with self._lock:
                     self._waiting -= 1
-        for _ in self._workers:
-            self._queue.put(None)
-        for w in self._workers:
-            w.join(timeout=max(1.0, grace_s))
+        self._queue.put(None)
+        self._scheduler.join(timeout=max(5.0, grace_s))
 
     @property
     def draining(self) -> bool:
