@@ -139,68 +139,27 @@ class BatchTreePass:
 
     def join(self, prompt: torch.Tensor, head_share: float | None = None) -> tuple[torch.Tensor, tuple]:
         """One more row, between steps: its prompt [L] prefilled alone (exactly as at batch 1)
-        and written at the start of a new last row of the slab. Returns its last position's
-        logits [V] and its seed rows, as `prefill` does per row.
-
-        The slab is reallocated with one more row and the rows' used width copied over (a
-        request joins once; on a 2-core CPU with 4 rows of 600 committed tokens of SmolLM2
-        the copy takes a few milliseconds against a pass's 40-100). Columns that are holes of
-        a row hold zeros, never uninitialised memory: a masked key still enters the score
-        product, and a NaN there would reach every query."""
+        and written at the start of a new last row of the slab (`SlabCache.append_row`: the
+        rows' used width is copied once into a slab one row larger; a request joins once).
+        Returns its last position's logits [V] and its seed rows, as `prefill` does per row."""
         n = int(prompt.shape[-1])
         row_cache = SlabCache(len(self.adapter.layer_types), n)
         logits, hidden = self._run(prompt.reshape(1, n), None, {}, row_cache, head_share is not None)
         offset = self.adapter.position_offset()
         seed = self._seed_rows(None if hidden is None else hidden[0], head_share)
-        self._append_row(row_cache, n, offset)
-        return logits[0], seed
-
-    def _append_row(self, row_cache: SlabCache, n: int, offset: int) -> None:
-        rows, w = self.rows, self.width
-        row_layers = [layer for layer in row_cache.layers if isinstance(layer, SlabLayer)]
-        if rows == 0 or self.cache.slab.keys is None:
-            for i, layer in enumerate(row_layers):  # the slab takes the row's shapes
-                assert layer.keys is not None and layer.values is not None
-                self.cache.update(layer.keys, layer.values, i)
-        else:
-            slab = self.cache.slab
-            cap = max(slab.capacity, n + self.max_nodes + 1)
-
-            def wider(buf: torch.Tensor, bdim: int) -> torch.Tensor:
-                shape = list(buf.shape)
-                shape[bdim], shape[-2] = rows + 1, cap
-                out = buf.new_zeros(shape)
-                if bdim == 1:
-                    out[:, :rows, ..., :w, :] = buf[..., :w, :]
-                else:
-                    out[:rows, ..., :w, :] = buf[..., :w, :]
-                return out
-
-            if slab.keys is not None and slab.values is not None:
-                slab.keys, slab.values = wider(slab.keys, 1), wider(slab.values, 1)
-            for layer in slab.layers:
-                if layer.own_keys is not None and layer.own_values is not None:
-                    layer.own_keys, layer.own_values = wider(layer.own_keys, 0), wider(layer.own_values, 0)
-            slab.capacity = cap
-            for layer in slab.layers:
-                keys, values = layer.buffers()
-                row = row_layers[layer.index]
-                assert row.keys is not None and row.values is not None
-                keys[rows, ..., :n, :] = row.keys[0]
-                values[rows, ..., :n, :] = row.values[0]
         t = self.max_nodes + 1
+        self.cache.append_row(row_cache, self.width, t)
 
-        def grown(a: np.ndarray, value: int, width: int | None = None) -> np.ndarray:
-            row = np.full((1, *a.shape[1:]), value, dtype=a.dtype) if width is None else np.zeros((1, width), a.dtype)
-            return np.ascontiguousarray(np.concatenate([a, row]))
+        def grown(a: np.ndarray, value: int) -> np.ndarray:
+            return np.ascontiguousarray(np.concatenate([a, np.full((1, *a.shape[1:]), value, dtype=a.dtype)]))
 
-        for name in ("tokens", "parents", "depths", "positions"):
-            setattr(self, name, grown(getattr(self, name), 0, t))
-        self.blocks = grown(self.blocks, 0, t * t)
+        for name in ("tokens", "parents", "depths", "positions", "blocks"):
+            setattr(self, name, grown(getattr(self, name), 0))
         self.sizes, self.past = grown(self.sizes, 1), grown(self.past, n)
         self.pad, self.offsets = grown(self.pad, 0), grown(self.offsets, offset)
         self.width = int(self.past.max())
         self._set_length(self.width)
+        return logits[0], seed
 
     def _run(self, input_ids, attention_mask, inputs: dict, cache, seed_rows: bool):
         """One prefill forward into `cache` (`tree_pass.prompt_forward`), padding rows zeroed."""
@@ -329,29 +288,14 @@ class BatchTreePass:
         self.width = int(self.past.max())
         self._set_length(self.width)
 
-    def _buffers(self):
-        """(keys, values, the batch dimension) for every buffer of the slab."""
-        slab = self.cache.slab
-        if slab.keys is not None and slab.values is not None:
-            yield slab.keys, slab.values, 1
-        for layer in slab.layers:
-            if layer.own_keys is not None and layer.own_values is not None:
-                yield layer.own_keys, layer.own_values, 0
-
     def _move(self, rows: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
         r, s, d = (torch.from_numpy(x).to(self.device) for x in (rows, src, dst))
-        for keys, values, bdim in self._buffers():
-            for buf in (keys, values):
-                if bdim == 1:
-                    buf[:, r, :, d] = buf[:, r, :, s]  # the gather is made before the write
-                else:
-                    buf[r, :, d] = buf[r, :, s]
+        self.cache.move_entries(r, s, d)
 
     def _set_length(self, length: int) -> None:
         # The slab grows (by doubling) only when a pass writes past its capacity, so a row
         # that accepted past its last token and is about to leave grows nothing.
-        slab = self.cache.slab
-        slab.lengths[slab.attached] = length
+        self.cache.set_length(length)
         if self._cols.shape[0] < length + self.max_nodes + 1:
             self._cols = torch.arange(2 * (length + self.max_nodes + 1), device=self.device)
 
@@ -364,21 +308,7 @@ class BatchTreePass:
         every later pass at B = 4.)"""
         if len(keep) == 0:
             return  # the batch has ended: nothing to keep
-        w, n = self.width, len(keep)
-        for keys, values, bdim in self._buffers():
-            for buf in (keys, values):
-                for j, b in enumerate(keep.tolist()):
-                    if j != b:
-                        if bdim == 1:
-                            buf[:, j, ..., :w, :] = buf[:, b, ..., :w, :]
-                        else:
-                            buf[j, ..., :w, :] = buf[b, ..., :w, :]
-        slab = self.cache.slab
-        if slab.keys is not None and slab.values is not None:
-            slab.keys, slab.values = slab.keys[:, :n], slab.values[:, :n]
-        for layer in slab.layers:
-            if isinstance(layer, SlabLayer) and layer.own_keys is not None and layer.own_values is not None:
-                layer.own_keys, layer.own_values = layer.own_keys[:n], layer.own_values[:n]
+        self.cache.keep_rows(keep.tolist(), self.width)
         for name in ("tokens", "parents", "depths", "positions", "blocks", "sizes", "past", "pad", "offsets"):
             setattr(self, name, np.ascontiguousarray(getattr(self, name)[keep]))
         self.width = int(self.past.max())

@@ -13,6 +13,13 @@ layer's keys live in one preallocated buffer, [layers, batch, heads, capacity, h
 
 The buffer grows by doubling when a request outlives its capacity. Layers are plain
 `DynamicLayer`s to the model: `keys` / `values` are views of the filled part.
+
+A batch (`recap.batch_pass`) keeps its rows in the batch dimension, ragged: every layer holds
+the same length W (the longest row's), and a row's columns past its own length are holes
+the mask hides. Its row edits live here, with the storage they edit: `move_entries` (each
+row's accepted nodes to their place, one gather and one write for every row and layer),
+`keep_rows` (finished rows leave, the kept ones move down in place) and `append_row` (a row
+that joins between steps).
 """
 
 from __future__ import annotations
@@ -150,7 +157,8 @@ class SlabLayer(DynamicLayer):
         self.length = 0
 
     def _unsupported(self, *_args, **_kwargs):
-        raise NotImplementedError("recap's tree-verification cache holds one sequence (no beams or batch edits)")
+        raise NotImplementedError("recap's tree-verification cache edits its rows itself (SlabCache.keep_rows, "
+                                  "append_row); transformers' beam and batch edits are not supported")
 
     batch_repeat_interleave = batch_select_indices = reorder_cache = _unsupported
 
@@ -213,3 +221,88 @@ class SlabCache(DynamicCache):
         dst = slice(base + 1, base + len(path))
         keys[..., dst, :] = keys.index_select(-2, idx)
         values[..., dst, :] = values.index_select(-2, idx)
+
+    # ---- the rows of a batch -----------------------------------------------------------------
+    def _buffers(self):
+        """(keys, values, the batch dimension) for every buffer of the slab."""
+        slab = self.slab
+        if slab.keys is not None and slab.values is not None:
+            yield slab.keys, slab.values, 1
+        for layer in slab.layers:
+            if layer.own_keys is not None and layer.own_values is not None:
+                yield layer.own_keys, layer.own_values, 0
+
+    def set_length(self, length: int) -> None:
+        """Every written layer holds `length` entries (a batch's common width)."""
+        slab = self.slab
+        slab.lengths[slab.attached] = length
+
+    def move_entries(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Entry src[i] of row rows[i] moves to dst[i], in every layer (all sources are read
+        before any write)."""
+        for keys, values, bdim in self._buffers():
+            for buf in (keys, values):
+                if bdim == 1:
+                    buf[:, rows, :, dst] = buf[:, rows, :, src]
+                else:
+                    buf[rows, :, dst] = buf[rows, :, src]
+
+    def keep_rows(self, keep: list[int], width: int) -> None:
+        """Only the rows `keep` (increasing indices, at least one) stay. Kept rows move down in
+        place over the used `width` only, and the buffers become views of their first rows:
+        no allocation, and a copy of at most the rows after the first dropped one."""
+        n = len(keep)
+        for keys, values, bdim in self._buffers():
+            for buf in (keys, values):
+                for j, b in enumerate(keep):
+                    if j != b:
+                        if bdim == 1:
+                            buf[:, j, ..., :width, :] = buf[:, b, ..., :width, :]
+                        else:
+                            buf[j, ..., :width, :] = buf[b, ..., :width, :]
+        slab = self.slab
+        if slab.keys is not None and slab.values is not None:
+            slab.keys, slab.values = slab.keys[:, :n], slab.values[:, :n]
+        for layer in slab.layers:
+            if layer.own_keys is not None and layer.own_values is not None:
+                layer.own_keys, layer.own_values = layer.own_keys[:n], layer.own_values[:n]
+
+    def append_row(self, row: SlabCache, width: int, room: int) -> None:
+        """`row` (a one-row cache of n entries per layer) becomes a new last row: its entries at
+        columns [0, n), the other rows' used `width` kept, at least n + `room` columns. The
+        slab is reallocated with one more row; columns that are holes hold zeros, never
+        uninitialised memory (a masked key still enters the score product, and a NaN there
+        would reach every query)."""
+        layers = [layer for layer in row.layers if isinstance(layer, SlabLayer)]
+        slab = self.slab
+        if slab.keys is None:  # the first row: the slab takes its shapes
+            for i, layer in enumerate(layers):
+                assert layer.keys is not None and layer.values is not None
+                self.update(layer.keys, layer.values, i)
+            return
+        n = layers[0].length
+        rows = slab.keys.shape[1]
+        cap = max(slab.capacity, n + room)
+
+        def wider(buf: torch.Tensor, bdim: int) -> torch.Tensor:
+            shape = list(buf.shape)
+            shape[bdim], shape[-2] = rows + 1, cap
+            out = buf.new_zeros(shape)
+            if bdim == 1:
+                out[:, :rows, ..., :width, :] = buf[..., :width, :]
+            else:
+                out[:rows, ..., :width, :] = buf[..., :width, :]
+            return out
+
+        assert slab.values is not None
+        slab.keys, slab.values = wider(slab.keys, 1), wider(slab.values, 1)
+        for layer in slab.layers:
+            if layer.own_keys is not None and layer.own_values is not None:
+                layer.own_keys, layer.own_values = wider(layer.own_keys, 0), wider(layer.own_values, 0)
+        slab.capacity = cap
+        for layer in slab.layers:
+            keys, values = layer.buffers()
+            new = layers[layer.index]
+            assert new.keys is not None and new.values is not None
+            keys[rows, ..., :n, :] = new.keys[0]
+            values[rows, ..., :n, :] = new.values[0]
