@@ -10,8 +10,7 @@ import recap
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recap.batch_budget import BatchBudget
-from recap.budget import CostModel
+from recap._core import BatchWidth
 from session_spy import DrafterSpy
 from tiny_models import TEXT_FAMILIES, gemma3_vl_inputs, llava_inputs, qwen_vl_inputs, text_family
 
@@ -240,19 +239,21 @@ def test_bad_batches_raise_clear_errors():
 
 
 def test_batch_width_controller_spends_where_it_pays():
-    points = [1, 2, 4, 8, 16, 32, 64]
-    flat = BatchBudget(CostModel(points, [1.0] * len(points)), 17)
-    steep = BatchBudget(CostModel(points, [float(p) for p in points]), 17)
+    points = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+    flat = BatchWidth(points, [1.0] * len(points), 17)
+    steep = BatchWidth(points, points, 17)
     copying = np.concatenate([[0.0], np.cumsum(np.full(16, 0.95))]).astype(np.float32)  # a long verbatim copy
     open_text = np.array([0.0, 0.2, 0.25], dtype=np.float32)
     assert flat.width([copying, open_text]) == 17  # free nodes: take them all
     assert steep.width([open_text, open_text]) == 1  # a pass per token: drafting never pays
-    mid = BatchBudget(CostModel(points, [1.0 + 0.05 * p for p in points]), 17)
+    mid = BatchWidth(points, [1.0 + 0.05 * p for p in points], 17)
     wide = mid.width([copying, open_text])
     assert wide > mid.width([open_text, open_text]) >= 1
     # Wide passes measured far slower than the prior (narrow ones as predicted) make them
     # less attractive.
     for _ in range(20):
-        mid.observe(2, 1, float(mid.prior(np.array([2.0]))[0]))
+        mid.observe(2, 1, mid.prior(2.0))
         mid.observe(2, wide, 10.0)
     assert mid.width([copying, open_text]) < wide
+    with pytest.raises(ValueError, match="rising token counts"):
+        BatchWidth([2.0, 1.0], [1.0, 1.0], 4)

@@ -1,7 +1,7 @@
 """A batch of prompts decoded together: one verification pass per step for every row.
 
 prompts (left-padded) -> one prefill -> each row's first token -> loop {
-    each row's session drafts its tree (`recap.batch_budget` sizes them) -> one forward over
+    each row's session drafts its tree (`recap._core.BatchWidth` sizes them) -> one forward over
     all trees (`recap.batch_pass`) -> each row's picks and acceptance (its own session) ->
     one compaction for all rows -> rows that stopped leave the batch }.
 
@@ -22,8 +22,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from recap._core import BatchWidth
 from recap.acceptance import NodePicks
-from recap.batch_budget import BatchBudget
 from recap.batch_pass import BatchTreePass
 from recap.model_state import state_of
 from recap.outputs import RecapGenerateOutput, TokenRows
@@ -134,7 +134,7 @@ def start_row(decoder, row: _Row, last: torch.Tensor, seed: tuple, capacity: int
 
 
 def step_rows(decoder, tp: BatchTreePass, active: list[_Row], stats: GenerationStats,
-              budget: BatchBudget | None, k: int) -> list[_Row]:
+              budget: BatchWidth | None, k: int) -> list[_Row]:
     """One pass for every active row; returns the rows still decoding."""
     phase = stats.phase_s
     t0 = time.perf_counter()

@@ -20,10 +20,9 @@ import torch
 
 from recap import drafters, layout_choice, seeding
 from recap import linear_layout as layouts
-from recap._core import PersistentMemory
+from recap._core import BatchWidth, PersistentMemory
 from recap.acceptance import NodePicks
 from recap.adapters import ModelAdapter, adapter_for
-from recap.batch_budget import BatchBudget
 from recap.batch_decode import decode_batch
 from recap.budget import POINTS as _COST_POINTS
 from recap.budget import ChainPasses, CostModel, cost_model, model_key, settle
@@ -148,7 +147,7 @@ class Decoder:
         self._local = threading.local()  # each thread's last GenerationStats
         self._last_stats: GenerationStats | None = None
         self._cost: CostModel | None = None
-        self._batch_cost: BatchBudget | None = None
+        self._batch_cost: BatchWidth | None = None
         # Construction runs no forward pass: the first use does (see _prepare).
         if linear_layout not in layout_choice.LAYOUTS:
             raise ValueError(f"linear_layout: expected one of {', '.join(layout_choice.LAYOUTS)}; "
@@ -384,13 +383,17 @@ class Decoder:
         memory, calibration = (self.memory, None) if scope is None else scope
         return self._drafter.session(memory=memory, calibration=calibration)
 
-    def _batch_budget(self, rows: int) -> BatchBudget | None:
-        """The width controller of batched steps with budget="auto" (None: fixed budgets)."""
+    def _batch_budget(self, rows: int) -> BatchWidth | None:
+        """The width controller of batched steps with budget="auto" (None: fixed budgets): one
+        tree width per step from every row's ranked gains, priced by the measured curve at
+        rows x width tokens and corrected online (Rust, beside the single request's budget)."""
         if not self._auto_budget or self._cost is None:
             return None
         with self._prepare_lock:
             if self._batch_cost is None:
-                self._batch_cost = BatchBudget(self._cost, self._drafter.max_nodes + 1)
+                cost = self._cost
+                self._batch_cost = BatchWidth([float(p) for p in cost.points], list(cost.seconds),
+                                              self._drafter.max_nodes + 1)
             return self._batch_cost
 
     # ---- snapshots ------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 // The modules are the crate's own; what other crates (the Python bindings, the benches) use
 // is the curated list below.
 mod accept;
+mod batch_width;
 mod budget;
 mod calibration;
 mod cost;
@@ -35,6 +36,7 @@ mod transpose;
 mod tree;
 
 pub use accept::{accept_path, Acceptance};
+pub use batch_width::BatchWidth;
 pub use budget::{AutoBudget, Selection};
 pub use calibration::{BudgetState, Calibration};
 pub use cost::CostCurve;

@@ -10,6 +10,7 @@
 use pyo3::prelude::*;
 
 mod arrays;
+mod batch_width;
 mod config;
 mod drafter;
 mod errors;
@@ -26,5 +27,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     session::init(m)?;
     config::init(m)?;
     layout::init(m)?;
+    batch_width::init(m)?;
     Ok(())
 }
