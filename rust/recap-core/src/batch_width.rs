@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::cost::interp;
 use crate::error::{Error, Result};
 
 /// Weight of a new observation in the online ratio.
@@ -35,20 +36,6 @@ pub struct BatchWidth {
     /// Batch size -> width -> measured time over the prior.
     ratios: BTreeMap<usize, BTreeMap<usize, f64>>,
     last_width: usize,
-}
-
-/// np.interp on sorted xs: clamped at both ends.
-fn interp(x: f64, xs: &[f64], ys: &[f64]) -> f64 {
-    let last = xs.len() - 1;
-    if x <= xs[0] {
-        return ys[0];
-    }
-    if x >= xs[last] {
-        return ys[last];
-    }
-    let i = xs.partition_point(|&p| p <= x); // xs[i - 1] <= x < xs[i]
-    let (x0, x1, y0, y1) = (xs[i - 1], xs[i], ys[i - 1], ys[i]);
-    y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 }
 
 impl BatchWidth {

@@ -38,7 +38,7 @@ pub struct CostCurve {
 }
 
 /// np.interp on sorted xs: clamped at both ends.
-fn interp(x: f64, xs: &[f64], ys: &[f64]) -> f64 {
+pub(crate) fn interp(x: f64, xs: &[f64], ys: &[f64]) -> f64 {
     if x <= xs[0] {
         return ys[0];
     }
