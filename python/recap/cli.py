@@ -358,7 +358,7 @@ def catchup_bench(args: argparse.Namespace) -> int:
         prompts = [{"inputs": cb.tiny_inputs(model, img, [17 + i, 40, 23, 88, 2])} for i, img in enumerate(images)]
         name = "tiny random LLaVA-1.5-shaped model (32 layers, hidden 256, 576 visual tokens)"
     else:
-        from recap.adapters.base import routed_families
+        from recap.adapters.registry import routed_families
 
         model, tok, encode, vision = _load_local(args.model)
         if not vision:

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:  # only for the field types: the holder imports nothing at run time
-    from recap.budget import CostModel
-    from recap.catchup.router import Router
-    from recap.decoder import Decoder
-    from recap.linear_layout import LinearLayout, Plan
+# The holder imports nothing of recap, not even for annotations (the modules that fill it all
+# import it): its fields are typed `Any`, and the comment beside each names what it holds.
 
 _ATTR = "_recap_state"
 _CREATE = threading.Lock()
@@ -26,12 +23,12 @@ _CREATE = threading.Lock()
 
 class ModelState:
     def __init__(self) -> None:
-        self.decoders: dict[tuple, Decoder] = {}  # (drafter name, RecapConfig) -> the Decoder recap.generate uses
-        self.router: Router | None = None
+        self.decoders: dict[tuple, Any] = {}  # (drafter name, RecapConfig) -> the recap.Decoder recap.generate uses
+        self.router: Any = None  # recap.catchup.router.Router
         self.prefill_lock = threading.Lock()
-        self.layout: LinearLayout | None = None
-        self.layout_choice: dict[tuple, Plan] = {}  # (device, dtype, threads) -> the plan measured fastest
-        self.cost_curves: dict[tuple, CostModel] = {}  # (device, dtype, threads, layout)
+        self.layout: Any = None  # recap.linear_layout.LinearLayout
+        self.layout_choice: dict[tuple, Any] = {}  # (device, dtype, threads) -> the linear_layout.Plan measured fastest
+        self.cost_curves: dict[tuple, Any] = {}  # (device, dtype, threads, layout) -> budget.CostModel
         self.conformance: tuple | None = None  # (dtype, device) the probe passed in
         self.probe_passes: dict[int, float] = {}  # its timed passes, seconds by tree size
         self.head_share: float | None = None  # the head's cost per position over a token's (recap.seeding)

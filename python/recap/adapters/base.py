@@ -154,15 +154,3 @@ class ModelAdapter:
             return torch.stack([torch.zeros_like(r), r, c], -1).reshape(-1, 3)
         i = torch.arange(n)
         return torch.stack([torch.zeros_like(i), torch.zeros_like(i), i], -1)
-
-    def require_routing(self) -> None:
-        if not self.routing:
-            raise TypeError(f"recap.catchup does not route {type(self.model).__name__} "
-                            f"(model_type {self.text_config.model_type!r}); routed families: "
-                            f"{', '.join(routed_families())}")
-
-
-def routed_families() -> list[str]:
-    from recap.adapters.registry import known_families
-
-    return sorted(t for f in known_families() if f.routing for t in f.model_types)

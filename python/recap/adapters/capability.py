@@ -18,8 +18,10 @@ class UnsupportedModelError(TypeError):
     """The model cannot be verified with draft trees; the message says why."""
 
 
-def check_structure(model: Any) -> None:
-    """Raises `UnsupportedModelError` naming the reason when `model` cannot be tree-verified."""
+def check_structure(model: Any, families: tuple = ()) -> None:
+    """Raises `UnsupportedModelError` naming the reason when `model` cannot be tree-verified.
+    `families`: the adapter classes (`recap.adapters.registry.known_families`), whose
+    `refusal` may refuse a model type they name."""
     name = type(model).__name__
     cfg = getattr(model, "config", None)
     if cfg is None or not callable(getattr(model, "get_output_embeddings", None)) \
@@ -31,10 +33,8 @@ def check_structure(model: Any) -> None:
         raise UnsupportedModelError(
             f"{name} is an encoder-decoder model; recap.Decoder verifies draft trees in decoder-only models")
     tcfg = text_config(model)
-    from recap.adapters.registry import known_families  # family files may refuse their model types
-
     for model_type in (getattr(cfg, "model_type", None), getattr(tcfg, "model_type", None)):
-        for family in known_families():
+        for family in families:
             reason = family.refusal(model_type) if model_type in family.model_types else None
             if reason is not None:
                 raise UnsupportedModelError(f"{name} (model_type {model_type!r}) {reason}")

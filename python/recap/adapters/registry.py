@@ -41,5 +41,18 @@ def family_of(model: torch.nn.Module) -> type[ModelAdapter]:
 def adapter_for(model: torch.nn.Module) -> ModelAdapter:
     """A new adapter of `model` (cheap: it reads the config and finds a few modules; it holds
     the model, so it is not cached with it); `UnsupportedModelError` naming the reason otherwise."""
-    check_structure(model)
+    check_structure(model, known_families())
     return family_of(model)(model)
+
+
+def routed_families() -> list[str]:
+    """The model types `recap.catchup` routes."""
+    return sorted(t for f in known_families() if f.routing for t in f.model_types)
+
+
+def require_routing(adapter: ModelAdapter) -> None:
+    """Raises TypeError naming the routed families when `adapter`'s model is not one."""
+    if not adapter.routing:
+        raise TypeError(f"recap.catchup does not route {type(adapter.model).__name__} "
+                        f"(model_type {adapter.text_config.model_type!r}); routed families: "
+                        f"{', '.join(routed_families())}")

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from recap.adapters import adapter_for
+from recap.adapters.registry import require_routing
 from recap.catchup.config import CatchUpConfig
 from recap.catchup.ltc import grid_distances, transition_correct
 from recap.catchup.scoring import last_token_attention
@@ -102,7 +103,7 @@ class Router:
 
     def __init__(self, model: torch.nn.Module, config: CatchUpConfig):
         adapter = adapter_for(model)
-        adapter.require_routing()
+        require_routing(adapter)
         self._local = threading.local()  # one request's routing state per thread
         self.model = model
         self.config = config

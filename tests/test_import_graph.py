@@ -1,0 +1,116 @@
+"""The package's import graph: no circle, counting module-level, function-level and
+annotation (TYPE_CHECKING) imports alike, and the floors that must import nothing above them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import recap
+
+PACKAGE = Path(recap.__file__).parent
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Dotted name -> file, for every .py file of the package under `root`."""
+    out = {}
+    for f in root.rglob("*.py"):
+        parts = f.relative_to(root.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+def graph(files: dict[str, Path], extension_modules: tuple[str, ...] = ()) -> dict[str, set[str]]:
+    """Who imports whom among `files` (every import statement anywhere in a file). `from p
+    import m` where p.m is a module counts as importing p.m, not p."""
+    known = set(files) | set(extension_modules)
+
+    def owner(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                subs = [f"{base}.{a.name}" for a in node.names]
+                names = [s for s in subs if s in known] or [base]
+            else:
+                continue
+            for name in names:
+                target = owner(name)
+                if target is not None and target != mod and target in files:
+                    edges[mod].add(target)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_checker_finds_a_cycle_hidden_in_a_function_and_an_annotation(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from pkg import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.c import C\n")
+    (pkg / "c.py").write_text("from . import a\n")
+    (pkg / "d.py").write_text("from pkg import a\n")
+    assert cycles(graph(modules(pkg))) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def test_the_package_imports_in_no_circle():
+    edges = graph(modules(PACKAGE), ("recap._core",))
+    assert "recap.decoder" in edges["recap.generation"]  # the graph sees real imports
+    assert cycles(edges) == []
+
+
+def test_the_floors_import_nothing_above_them():
+    edges = graph(modules(PACKAGE), ("recap._core",))
+    # What is kept with the model is plain data: it imports nothing of recap.
+    assert edges["recap.model_state"] == set()
+    # Adapters hold every model-specific fact and import nothing of the decoding above them.
+    for mod, targets in edges.items():
+        if mod.startswith("recap.adapters"):
+            assert {t for t in targets if not t.startswith("recap.adapters")} == set(), mod
