@@ -13,8 +13,8 @@ import time
 
 import recap
 import torch
-from recap.models import load_smollm2
-from recap.prompts import load_prompts
+from recap.tools.models import load_smollm2
+from recap.tools.prompts import load_prompts
 
 
 def main(argv: list[str] | None = None) -> int:

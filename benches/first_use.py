@@ -35,7 +35,7 @@ SHAPES_05B = dict(num_hidden_layers=24, hidden_size=896, num_attention_heads=14,
 
 
 def load(name: str):
-    from recap.models import load_smollm2
+    from recap.tools.models import load_smollm2
 
     model, tok = load_smollm2()[:2]
     if name == "smollm2":
@@ -62,7 +62,7 @@ PARTS = ["probe", "layout", "cost curve", "of which weight copy", "head share"]
 @contextmanager
 def instrumented(parts: dict):
     """Times each first-use step into `parts` while the block runs."""
-    from recap import decoder as d
+    from recap.decoding import decoder as d
 
     originals = (d.probe, d.layout_choice.choose, d.Decoder._calibrate, d.seeding.head_share)
     refresh = d.layouts.LinearLayout._refresh
@@ -111,7 +111,7 @@ def median_time(f, reps: int) -> float:
 
 def measure(name: str, prompt, reps: int) -> None:
     import recap
-    from recap.model_state import state_of
+    from recap.state.model_state import state_of
 
     model, tok = load(name)
     ids = tok.apply_chat_template([{"role": "user", "content": prompt.turns[0]}], add_generation_prompt=True,
@@ -133,7 +133,7 @@ def measure(name: str, prompt, reps: int) -> None:
         full = median_time(lambda: model.generate(ids[:, -64:], attention_mask=mask[:, -64:], max_new_tokens=128,
                                                   min_new_tokens=128, do_sample=False), 1)
     a, b = statistics.median(ttft_ours), statistics.median(ttft_theirs)
-    from recap import seeding
+    from recap.verify import seeding
 
     print(f"{name}: head share estimated {seeding.estimated_share(model):.3f}, measured by the prefills "
           f"{state_of(model).head_share or float('nan'):.3f}; seeded positions on this prompt: "
@@ -153,7 +153,7 @@ def first_request(model, ids, mask) -> None:
     """A new decoder's first 128-token request, first use included, as a new process on an
     empty store sees it; then `model.generate` and the decoder's second request."""
     import recap
-    from recap.model_state import state_of
+    from recap.state.model_state import state_of
 
     state_of(model).__init__()  # nothing measured, no weight copy
     with tempfile.TemporaryDirectory() as store, torch.no_grad():
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=["smollm2", "qwen05b", "both"], default="both")
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args(argv)
-    from recap.prompts import load_prompts
+    from recap.tools.prompts import load_prompts
 
     longest = max(load_prompts(sets=["summarisation"]), key=lambda q: len(q.turns[0]))
     for name in ["smollm2", "qwen05b"] if args.model == "both" else [args.model]:

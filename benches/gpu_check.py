@@ -58,8 +58,8 @@ def build(shapes: dict, device: str, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def cost_curve(dec, sizes: list[int], reps: int) -> dict[int, float]:
-    from recap.budget import ChainPasses
-    from recap.decoder import _PassFactory
+    from recap.decoding.decoder import _PassFactory
+    from recap.first_use.budget import ChainPasses
 
     passes = ChainPasses(dec.model, _PassFactory(dec), max(sizes))
     out = {}
@@ -73,7 +73,7 @@ def cost_curve(dec, sizes: list[int], reps: int) -> dict[int, float]:
 @torch.no_grad()
 def agreement(dec, n: int = 64, context: int = 128) -> float:
     """Share of chain positions whose tree-pass argmax equals the one-token-pass argmax."""
-    from recap.tree_pass import TreePass
+    from recap.verify.tree_pass import TreePass
     from transformers import DynamicCache
 
     model, adapter = dec.model, dec.adapter
@@ -93,7 +93,7 @@ def agreement(dec, n: int = 64, context: int = 128) -> float:
 
 def batch(dec, b: int, vocab: int, new_tokens: int, device: str) -> dict:
     """Batched greedy generate against RECAP@auto's batched decoding at B = b (see the module doc)."""
-    from recap.batch_bench import left_pad
+    from recap.tools.batch_bench import left_pad
 
     model = dec.model
     g = torch.Generator().manual_seed(3)

@@ -1,4 +1,4 @@
-"""What grouped attention saves a verification pass (recap.grouped_attention), paired.
+"""What grouped attention saves a verification pass (recap.verify.grouped_attention), paired.
 
 For each context length and tree size, one request's tree pass (`TreePass.chain`, exactly
 as decoding runs it, in the decoder's linear layout) alternates between transformers' own
@@ -21,10 +21,10 @@ import statistics
 import time
 
 import recap
-import recap.tree_pass as tree_pass_module
+import recap.verify.tree_pass as tree_pass_module
 import torch
-from recap.grouped_attention import grouped
-from recap.tree_pass import TreePass
+from recap.verify.grouped_attention import grouped
+from recap.verify.tree_pass import TreePass
 
 
 def _copying(tokens: int):
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         model, contexts, sizes, reps = _tiny_model(), [16, 64], [2, 5], 3
     else:
-        from recap.models import load_smollm2
+        from recap.tools.models import load_smollm2
 
         model, contexts, sizes, reps = load_smollm2()[0], args.contexts, args.sizes, args.reps
     rows = measure(model, contexts, sizes, reps)

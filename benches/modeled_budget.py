@@ -74,8 +74,8 @@ def modeled(decoder, points: list[int], ms: list[float]):
     it for every pass (the hook is the class's), prefills do not correct the seeding share,
     and the measurement store is off, first use included (a modeled curve must never be kept
     as a measured one, and a stored share or curve would make runs differ)."""
-    from recap import decoder as decoder_module
-    from recap import seeding
+    from recap.decoding import decoder as decoder_module
+    from recap.verify import seeding
 
     def cost(n: int) -> float:
         return float(np.interp(n, points, ms))
@@ -170,8 +170,8 @@ def tiny_prompts() -> tuple[Any, list[tuple[str, str, torch.Tensor]]]:
 
 def shipped_prompts(path: str | None, sets: list[str] | None) -> tuple[Any, list[tuple[str, str, torch.Tensor]], int]:
     """SmolLM2-135M-Instruct and the first turns of the prompt file's text prompts."""
-    from recap.models import load_smollm2
-    from recap.prompts import load_prompts
+    from recap.tools.models import load_smollm2
+    from recap.tools.prompts import load_prompts
 
     model, tok = load_smollm2()
     prompts = []

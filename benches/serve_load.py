@@ -27,10 +27,10 @@ import time
 import httpx
 import torch
 import uvicorn
-from recap.models import load_smollm2
-from recap.prompts import load_prompts
 from recap.serve import create_app
 from recap.serve.server import build
+from recap.tools.models import load_smollm2
+from recap.tools.prompts import load_prompts
 
 NAME = "SmolLM2-135M-Instruct"
 

@@ -104,7 +104,7 @@ def test_every_text_family_batched_equals_batch_1_and_batched_generate(family):
 def test_a_padded_prefill_as_on_an_accelerator_keeps_every_row_its_own_generate(family, monkeypatch):
     """On an accelerator text rows are prefilled as one left-padded pass (batch_pass.one_padded_prefill);
     forced here on the CPU, every row still equals its generate at batch 1 and batched generate's."""
-    import recap.batch_pass as batch_pass
+    import recap.verify.batch_pass as batch_pass
 
     monkeypatch.setattr(batch_pass, "one_padded_prefill", lambda device: True)
     assert_text_family_batches(family, DRAFTERS[:1] + DRAFTERS[2:3])

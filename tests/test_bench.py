@@ -4,8 +4,8 @@ import json
 
 import pytest
 import torch
-from recap.bench import Bench, Entry
-from recap.prompts import Prompt, load_prompts
+from recap.tools.bench import Bench, Entry
+from recap.tools.prompts import Prompt, load_prompts
 from tiny_models import llava_inputs, text_model
 
 
@@ -194,7 +194,7 @@ def test_every_round_starts_from_the_memory_the_prompt_found():
 
 
 def test_bench_columns_name_each_drafter_once_and_the_anchor_last():
-    from recap.cli import bench_entries
+    from recap.tools.cli import bench_entries
 
     labels = lambda *a: [e.label for e in bench_entries(*a)]  # noqa: E731
     assert labels(["recap@auto", "sam"], True) == ["recap@auto", "sam", "hf_pld"]

@@ -95,7 +95,7 @@ def test_auto_decoder_calibrates_once_reports_and_equals_greedy():
     model = text_model("Qwen2")
     dec = recap.Decoder(model)  # budget="auto" is the default
     # First use measures the small trees only (bigger ones join the curve online).
-    assert dec.cost is not None and dec.cost.points == list(recap.budget.POINTS)
+    assert dec.cost is not None and dec.cost.points == list(recap.first_use.budget.POINTS)
     again = recap.Decoder(model)
     assert again.cost is dec.cost  # cached per model, device, dtype and threads
     ids = torch.tensor([[7, 8, 9, 10, 7, 8, 9, 10, 7, 8]])
@@ -135,7 +135,7 @@ def test_cost_curves_belong_to_their_model_and_layout():
     import gc
     import weakref
 
-    from recap.model_state import peek
+    from recap.state.model_state import peek
 
     model = copy.deepcopy(text_model("Qwen2"))  # a model of its own, so it can be collected
     default = recap.Decoder(model, linear_layout="default")
@@ -170,8 +170,9 @@ def test_suffix_chain_adapts_only_with_the_automatic_budget():
 def test_first_use_prices_each_size_by_the_median_of_warm_passes_and_the_probes_own(monkeypatch):
     import copy
 
-    from recap import budget, layout_choice, linear_layout
-    from recap.budget import ChainPasses
+    from recap.first_use import budget, layout_choice
+    from recap.first_use.budget import ChainPasses
+    from recap.verify import linear_layout
 
     model = copy.deepcopy(text_model("Qwen2"))  # nothing measured on it yet
     runs: list[tuple[int, str, float]] = []  # size, the product it ran, seconds
@@ -224,8 +225,9 @@ def _state(points, ms, ratio, seen, steps=100, overall=1.0):
 def test_a_kept_curve_that_decoding_shows_wrong_is_replaced_here_and_in_the_store(tmp_path, monkeypatch):
     import copy
 
-    from recap import budget, measurements
-    from recap.model_state import state_of
+    from recap.first_use import budget
+    from recap.state import measurements
+    from recap.state.model_state import state_of
 
     monkeypatch.setenv("RECAP_CACHE", "1")
     monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
@@ -258,8 +260,9 @@ def test_a_kept_curve_that_decoding_shows_wrong_is_replaced_here_and_in_the_stor
 def test_a_first_use_curve_is_stored_only_once_decoding_confirms_it(tmp_path, monkeypatch):
     import copy
 
-    from recap import budget, measurements
-    from recap.model_state import state_of
+    from recap.first_use import budget
+    from recap.state import measurements
+    from recap.state.model_state import state_of
 
     monkeypatch.setenv("RECAP_CACHE", "1")
     monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
@@ -287,8 +290,9 @@ def test_a_first_use_curve_is_stored_only_once_decoding_confirms_it(tmp_path, mo
 def test_decoding_replaces_a_wrong_stored_curve_for_the_next_process(tmp_path, monkeypatch):
     import copy
 
-    from recap import budget, measurements
-    from recap.model_state import state_of
+    from recap.first_use import budget
+    from recap.state import measurements
+    from recap.state.model_state import state_of
 
     monkeypatch.setenv("RECAP_CACHE", "1")
     monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))

@@ -531,7 +531,7 @@ def _local_llava(folder):
 def test_catchup_cli_on_a_local_model_reports_accuracy_and_agreement(tmp_path, capsys):
     import json
 
-    from recap.cli import main
+    from recap.tools.cli import main
 
     _local_llava(tmp_path / "model")
     out = tmp_path / "out"
@@ -551,7 +551,7 @@ def test_catchup_cli_on_a_local_model_reports_accuracy_and_agreement(tmp_path, c
 def test_catchup_cli_on_the_tiny_default_model(tmp_path):
     import json
 
-    from recap.cli import main
+    from recap.tools.cli import main
 
     assert main(["catchup", "--budgets", "64", "--modes", "reroute", "catchup", "--reps", "1", "--limit", "1",
                  "--out", str(tmp_path), "--quiet"]) == 0

@@ -1,4 +1,4 @@
-"""recap.cudnn_attention: verification passes on CUDA switch cuDNN attention off and restore the
+"""recap.verify.cudnn_attention: verification passes on CUDA switch cuDNN attention off and restore the
 process's own setting after the last one, whatever the threads; elsewhere nothing changes.
 
 PyTorch's switch is a process flag that can be set without a GPU, so this runs anywhere."""
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import torch
-from recap.cudnn_attention import without_cudnn_attention
+from recap.verify.cudnn_attention import without_cudnn_attention
 
 CUDA = torch.device("cuda")
 

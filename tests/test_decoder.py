@@ -166,7 +166,7 @@ def test_construction_runs_no_forward_pass_and_first_use_prepares():
         # at 2 and 4, REPS samples of each size less the probe's), the prefill and at most
         # three steps:
         # the layout choice waits for a later request.
-        from recap.budget import POINTS, REPS
+        from recap.first_use.budget import POINTS, REPS
 
         curve = 1 + 2 + REPS * 4 - 2
         first = len(calls)

@@ -1,5 +1,5 @@
 """Verification passes group query heads over the cache's key/value heads on a CPU instead of
-copying them per query head (recap.grouped_attention), with the same bits."""
+copying them per query head (recap.verify.grouped_attention), with the same bits."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import threading
 
 import pytest
 import recap
-import recap.tree_pass as tree_pass_module
+import recap.verify.tree_pass as tree_pass_module
 import torch
-from recap.grouped_attention import grouped
-from recap.tree_pass import TreePass
+from recap.verify.grouped_attention import grouped
+from recap.verify.tree_pass import TreePass
 from tiny_models import text_model
 from transformers.integrations import sdpa_attention
 

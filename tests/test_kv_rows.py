@@ -1,4 +1,4 @@
-"""The row edits of a batch's KV slab (`recap.kv_cache.SlabCache`): moving accepted entries,
+"""The row edits of a batch's KV slab (`recap.verify.kv_cache.SlabCache`): moving accepted entries,
 dropping rows and appending one, checked entry by entry against plain tensors."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from recap.kv_cache import SlabCache
+from recap.verify.kv_cache import SlabCache
 
 LAYERS, HEADS, DIM = 3, 2, 4
 

@@ -1,4 +1,4 @@
-"""recap.linear_layout and recap.layout_choice: linear layers as the product of the same
+"""recap.verify.linear_layout and recap.first_use.layout_choice: linear layers as the product of the same
 weights that is fastest for a pass's rows (own, a transposed copy, swapped), chosen by
 measurement."""
 
@@ -10,9 +10,9 @@ import recap
 import torch
 from recap import RecapConfig
 from recap._core import transpose_into
-from recap.budget import POINTS
-from recap.layout_choice import PROBE_TOKENS, choose
-from recap.linear_layout import DEFAULT, SWAPPED, TRANSPOSED, LinearLayout, Plan, transposed
+from recap.first_use.budget import POINTS
+from recap.first_use.layout_choice import PROBE_TOKENS, choose
+from recap.verify.linear_layout import DEFAULT, SWAPPED, TRANSPOSED, LinearLayout, Plan, transposed
 from tiny_models import llava_inputs, text_model
 
 IDS = torch.tensor([[5, 9, 14, 21, 7, 33, 5, 9, 14, 21]])
@@ -130,7 +130,7 @@ def test_choose_measures_once_per_key_and_validates():
 def _fake_timings(monkeypatch, layout, own: dict, trial: dict, timed: list):
     """The probe's passes take `own[n]` seconds in the model's own products and `trial[n]`
     in the trial plan's (the copy for one row, swapped for more)."""
-    import recap.layout_choice as choice
+    import recap.first_use.layout_choice as choice
 
     def fake_time(probe, sizes):
         timed.append((layout.plan.name, sizes))
@@ -146,7 +146,7 @@ def _fake_timings(monkeypatch, layout, own: dict, trial: dict, timed: list):
     (1.0, 2, "default"),
 ])
 def test_one_round_of_probe_passes_decides_only_a_wide_gain(monkeypatch, trial_s, rounds, plan):
-    import recap.layout_choice as choice
+    import recap.first_use.layout_choice as choice
 
     model = copy.deepcopy(text_model("Qwen2"))
     timed = []
@@ -160,7 +160,7 @@ def test_each_row_class_is_decided_and_retimed_on_its_own(monkeypatch):
     """The copy takes 0.9x at one row (narrow: retimed), the swapped product 0.5x and 1.2x at
     4 and 16 rows and their geometric mean at 2 (0.77x over the class: decided at once, each
     size counting alike)."""
-    import recap.layout_choice as choice
+    import recap.first_use.layout_choice as choice
 
     model = copy.deepcopy(text_model("Qwen2"))
     timed = []
@@ -178,14 +178,14 @@ def test_each_row_class_is_decided_and_retimed_on_its_own(monkeypatch):
 
 def test_probe_times_come_from_the_probe_where_it_gives_them():
     """The probe's own figures (its passes, not the context it built first), else the clock."""
-    import recap.layout_choice as choice
+    import recap.first_use.layout_choice as choice
 
     assert choice._time(lambda sizes: {n: n / 4 for n in sizes}, (1, 2)) == {1: 0.25, 2: 0.5}
     assert set(choice._time(lambda sizes: None, (1,))) == {0}
 
 
 def test_a_warm_model_skips_the_warm_up_and_the_copy_is_warmed_untimed(monkeypatch):
-    import recap.layout_choice as choice
+    import recap.first_use.layout_choice as choice
 
     model = copy.deepcopy(text_model("Llama"))
     layout = choice.layout_of(model)
@@ -205,7 +205,7 @@ def test_a_warm_model_skips_the_warm_up_and_the_copy_is_warmed_untimed(monkeypat
 @pytest.mark.parametrize("budget", [6, "auto"])
 @pytest.mark.parametrize("layout", ["transposed", "swapped", "transposed+swapped"])
 def test_decoder_with_a_named_layout_equals_generate(budget, layout):
-    from recap.linear_layout import layout_of
+    from recap.verify.linear_layout import layout_of
 
     model, inputs = llava_inputs([5, 9], [21, 7, 33, 5, 9, 21, 7, 33])
     want = model.generate(**inputs, do_sample=False, max_new_tokens=20, pad_token_id=0)
@@ -218,7 +218,7 @@ def test_decoder_with_a_named_layout_equals_generate(budget, layout):
 
 
 def test_auto_skips_a_copy_that_would_crowd_out_memory(monkeypatch):
-    import recap.layout_choice as choice
+    import recap.first_use.layout_choice as choice
 
     model = copy.deepcopy(text_model("Gemma"))
     layout = choice.layout_of(model)
@@ -231,7 +231,7 @@ def test_auto_skips_a_copy_that_would_crowd_out_memory(monkeypatch):
 
 
 def test_decoders_on_one_model_share_its_layout_and_survive_a_release():
-    from recap.linear_layout import layout_of
+    from recap.verify.linear_layout import layout_of
 
     model, inputs = llava_inputs([5, 9], [21, 7, 33, 5, 9, 21, 7, 33])
     want = model.generate(**inputs, do_sample=False, max_new_tokens=12, pad_token_id=0)
@@ -249,7 +249,7 @@ def test_decoders_on_one_model_share_its_layout_and_survive_a_release():
 
 
 def test_another_layout_on_the_model_cannot_take_the_shared_layouts_copies():
-    from recap.linear_layout import layout_of
+    from recap.verify.linear_layout import layout_of
 
     model = text_model("Qwen2")
     with torch.no_grad():
@@ -270,7 +270,7 @@ def test_another_layout_on_the_model_cannot_take_the_shared_layouts_copies():
 def test_a_deepcopy_made_while_active_is_plain_and_carries_no_copies():
     import copy
 
-    from recap.linear_layout import layout_of
+    from recap.verify.linear_layout import layout_of
 
     model = copy.deepcopy(text_model("Llama"))
     with torch.no_grad():
@@ -286,7 +286,7 @@ def test_a_deepcopy_made_while_active_is_plain_and_carries_no_copies():
 def test_modules_with_hooks_or_their_own_forward_are_never_patched():
     import copy
 
-    from recap.linear_layout import LinearLayout
+    from recap.verify.linear_layout import LinearLayout
 
     model = copy.deepcopy(text_model("Llama"))
     seen = []
@@ -306,7 +306,7 @@ def test_autograd_and_other_threads_run_the_modules_own_forward():
     import copy
     import threading
 
-    from recap.linear_layout import LinearLayout
+    from recap.verify.linear_layout import LinearLayout
 
     model = copy.deepcopy(text_model("Llama"))
     layout = LinearLayout(model)
@@ -335,9 +335,9 @@ def test_autograd_and_other_threads_run_the_modules_own_forward():
 def test_auto_defers_the_choice_past_a_models_first_request(monkeypatch):
     """A first request runs in the model's own layout (no weight copy, no layout timing); the
     model's next request, finding none running, makes the choice; outputs equal generate's."""
-    import recap.layout_choice as layouts
-    from recap.linear_layout import layout_of
-    from recap.model_state import state_of
+    import recap.first_use.layout_choice as layouts
+    from recap.state.model_state import state_of
+    from recap.verify.linear_layout import layout_of
 
     model, inputs = llava_inputs([5, 9], [21, 7, 33, 5, 9, 21, 7, 33])
     model = copy.deepcopy(model)  # nothing decided on it (the cached model has served other tests)
@@ -369,7 +369,7 @@ def test_auto_defers_the_choice_past_a_models_first_request(monkeypatch):
 
 
 def test_reading_the_layout_makes_the_deferred_choice_at_once(monkeypatch):
-    import recap.layout_choice as layouts
+    import recap.first_use.layout_choice as layouts
 
     model, inputs = llava_inputs([5, 9], [21, 7, 33, 5, 9, 21, 7, 33])
     model = copy.deepcopy(model)

@@ -1,10 +1,11 @@
-"""First-use measurements kept across processes (recap.measurements)."""
+"""First-use measurements kept across processes (recap.state.measurements)."""
 
 import copy
 
 import recap
 import torch
-from recap import budget, measurements
+from recap.first_use import budget
+from recap.state import measurements
 from tiny_models import text_family
 
 LAYOUT = "default"
@@ -60,8 +61,8 @@ def test_an_unwritable_folder_is_skipped(tmp_path, monkeypatch):
 
 
 def test_a_later_process_runs_its_first_request_in_the_stored_layout(tmp_path, monkeypatch):
-    import recap.layout_choice as layouts
-    from recap.linear_layout import DEFAULT, SWAPPED
+    import recap.first_use.layout_choice as layouts
+    from recap.verify.linear_layout import DEFAULT, SWAPPED
 
     monkeypatch.setenv("RECAP_CACHE", "1")
     monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))
@@ -82,7 +83,7 @@ def test_a_later_process_runs_its_first_request_in_the_stored_layout(tmp_path, m
 
 
 def test_a_layout_decision_stored_by_another_probe_is_taken_again(tmp_path, monkeypatch):
-    import recap.layout_choice as layouts
+    import recap.first_use.layout_choice as layouts
 
     monkeypatch.setenv("RECAP_CACHE", "1")
     monkeypatch.setenv("RECAP_CACHE_DIR", str(tmp_path))

@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 import torch
-from recap import Decoder, seeding
+from recap import Decoder
+from recap.verify import seeding
 from scripts import load_script
 
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recap import Drafter, RecapConfig
-from recap.drafters import DRAFTERS
+from recap.decoding.drafters import DRAFTERS
 from session_spy import DrafterSpy
 from tiny_models import V, llava_inputs, text_model
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator

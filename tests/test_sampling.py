@@ -11,7 +11,7 @@ import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recap import RecapConfig
-from recap.sampling import inverse_cdf, uniform
+from recap.decoding.sampling import inverse_cdf, uniform
 from tiny_models import TEXT_FAMILIES, VLM_FAMILIES, V, text_family
 
 SETTINGS = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -166,7 +166,7 @@ def test_custom_generate_equals_generate_and_honours_stopping_per_token():
 def test_custom_generate_keeps_one_decoder_per_model_and_copies_start_fresh():
     import copy
 
-    from recap.generation import decoder_for
+    from recap.decoding.generation import decoder_for
 
     model = copy.deepcopy(text_family("Llama"))
     ids = torch.tensor([[5, 6, 7, 5, 6, 7]])

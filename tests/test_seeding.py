@@ -1,4 +1,4 @@
-"""Seeding budgeted like the tree (recap.seeding): where the head is dear, only the prompt's
+"""Seeding budgeted like the tree (recap.verify.seeding): where the head is dear, only the prompt's
 last positions seed the memories; outputs never change."""
 
 import copy
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import recap
 import torch
-from recap import seeding
-from recap.model_state import state_of
+from recap.state.model_state import state_of
+from recap.verify import seeding
 from session_spy import DrafterSpy
 from tiny_models import text_family
 

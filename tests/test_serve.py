@@ -25,7 +25,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 try:
-    from recap.models import smollm2_path
+    from recap.tools.models import smollm2_path
 
     smollm2_path()
 except (ModuleNotFoundError, FileNotFoundError) as e:  # ./dev.sh test installs it
@@ -72,7 +72,7 @@ def serving(engine: Engine, keys: dict[str, str] | None = None, max_tokens_limit
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from recap.models import load_smollm2
+    from recap.tools.models import load_smollm2
 
     return load_smollm2()
 
@@ -346,7 +346,7 @@ def test_sigterm_drains_what_runs_and_exits_0(tmp_path):
     port = _free_port()
     env = dict(os.environ, RECAP_CACHE="0", PYTHONUNBUFFERED="1")
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "recap.cli", "serve", "--port", str(port), "--grace", "60",
+    proc = subprocess.Popen([sys.executable, "-m", "recap.tools.cli", "serve", "--port", str(port), "--grace", "60",
                              "--threads", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
@@ -386,7 +386,7 @@ def test_sigterm_drains_what_runs_and_exits_0(tmp_path):
 
 
 def test_cli_refuses_a_bad_drafter_and_keys_file(tmp_path, capsys):
-    from recap.cli import main
+    from recap.tools.cli import main
 
     assert main(["serve", "--drafter", "nope"]) == 2
     assert "--drafter" in capsys.readouterr().err

@@ -3,10 +3,10 @@
 import pytest
 import recap
 import torch
-from recap.prompts import load_prompts
+from recap.tools.prompts import load_prompts
 
 try:
-    from recap.models import smollm2_path
+    from recap.tools.models import smollm2_path
 
     smollm2_path()
 except (ModuleNotFoundError, FileNotFoundError) as e:  # ./dev.sh test installs it
@@ -15,7 +15,7 @@ except (ModuleNotFoundError, FileNotFoundError) as e:  # ./dev.sh test installs 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from recap.models import load_smollm2
+    from recap.tools.models import load_smollm2
 
     return load_smollm2()
 
@@ -45,8 +45,8 @@ def test_bench_command_runs_end_to_end_on_a_gguf_file(tmp_path, capsys):
     one-line verdict first, the disturbance line, and the report on disk."""
     import json
 
-    from recap.cli import main
-    from recap.models import GGUF_NAME, smollm2_path
+    from recap.tools.cli import main
+    from recap.tools.models import GGUF_NAME, smollm2_path
 
     gguf = str(smollm2_path() / GGUF_NAME)
     code = main(["bench", "--model", gguf, "--drafters", "recap@auto", "recap", "pld", "--sets", "summarisation",
@@ -71,7 +71,7 @@ def test_bench_reports_agreement_in_reduced_precision(tmp_path):
     agreement figure per drafter, and differences from ar do not fail the command."""
     import json
 
-    from recap.cli import main
+    from recap.tools.cli import main
 
     code = main(["bench", "--drafters", "recap", "--dtype", "bfloat16", "--sets", "summarisation", "--per-set", "1",
                  "--max-new-tokens", "8", "--out", str(tmp_path), "--quiet"])
@@ -86,7 +86,7 @@ def test_bench_reports_agreement_in_reduced_precision(tmp_path):
 def test_bench_saves_a_memory_and_starts_warm_from_it(tmp_path, capsys):
     import json
 
-    from recap.cli import main
+    from recap.tools.cli import main
 
     snap = tmp_path / "u.recapmem"
     assert main(["bench", "--drafters", "recap", "--no-anchor", "--sets", "summarisation", "--per-set", "1",
@@ -105,7 +105,7 @@ def test_bench_answers_only_the_first_turns_when_asked_and_reports_each_prompt(t
     """--turns 1: MT-bench's second turns are not asked; bench.json carries each prompt's speedup."""
     import json
 
-    from recap.cli import main
+    from recap.tools.cli import main
 
     code = main(["bench", "--drafters", "recap", "--sets", "mt_bench", "--per-set", "1", "--turns", "1",
                  "--rounds", "1", "--max-new-tokens", "4", "--no-anchor", "--out", str(tmp_path), "--quiet"])

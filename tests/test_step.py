@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 from recap import Drafter
-from recap.kv_cache import SlabCache
-from recap.step_buffers import StepBuffers, masked_value
+from recap.verify.kv_cache import SlabCache
+from recap.verify.step_buffers import StepBuffers, masked_value
 from transformers import DynamicCache
 
 V = 50

@@ -141,7 +141,7 @@ def test_threads_calling_model_generate_with_recap_run_concurrently_and_exactly(
     config = RecapConfig(budget=8)
     kw = dict(do_sample=False, max_new_tokens=20, eos_token_id=None, pad_token_id=0)
     model.generate(ids[0], custom_generate=recap.generate, recap_config=config, drafter="recap", **kw)
-    decoders = dict(recap.generation.state_of(model).decoders)
+    decoders = dict(recap.decoding.generation.state_of(model).decoders)
     # The layout choice the first call deferred would run first in whichever thread comes
     # first, the others waiting for it (tests/test_linear_layout.py): made here instead.
     for dec in decoders.values():
@@ -155,7 +155,7 @@ def test_threads_calling_model_generate_with_recap_run_concurrently_and_exactly(
     for x, out in zip(ids, outs, strict=True):
         assert torch.equal(out, model.generate(x, **kw))
     # One decoder per (drafter, configuration), made by the first call and shared by the threads.
-    assert recap.generation.state_of(model).decoders == decoders and ("recap", config) in decoders
+    assert recap.decoding.generation.state_of(model).decoders == decoders and ("recap", config) in decoders
 
 
 def test_recap_generate_takes_a_configuration_and_a_drafter_name():
@@ -166,9 +166,9 @@ def test_recap_generate_takes_a_configuration_and_a_drafter_name():
     for drafter, config in [("pld", None), ("recap", RecapConfig(budget=3)), ("suffix", None)]:
         out = model.generate(x, custom_generate=recap.generate, drafter=drafter, recap_config=config, **kw)
         assert torch.equal(out, want)
-    dec = recap.generation.decoder_for(model, RecapConfig(budget=3), "recap")
+    dec = recap.decoding.generation.decoder_for(model, RecapConfig(budget=3), "recap")
     assert dec.config.budget == 3 and dec.drafter_name == "recap"
-    assert recap.generation.decoder_for(model, None, "pld").drafter_name == "pld"
+    assert recap.decoding.generation.decoder_for(model, None, "pld").drafter_name == "pld"
     with pytest.raises(ValueError, match="drafter: expected one of"):
         model.generate(x, custom_generate=recap.generate, drafter="nope", **kw)
     with pytest.raises(TypeError, match="recap_config: expected a recap.RecapConfig"):
@@ -180,8 +180,8 @@ def test_recap_generate_takes_a_configuration_and_a_drafter_name():
 def test_a_deferred_layout_choice_is_made_once_while_concurrent_requests_wait(monkeypatch):
     import copy
 
-    import recap.layout_choice as layouts
-    from recap.model_state import state_of
+    import recap.first_use.layout_choice as layouts
+    from recap.state.model_state import state_of
 
     model = copy.deepcopy(text_family("Llama"))  # nothing decided on it
     timed = []

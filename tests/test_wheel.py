@@ -60,7 +60,7 @@ def test_wheel_installs_into_a_fresh_environment_and_decodes(tmp_path):
     assert any(n.startswith("recap/_core") for n in names) and "recap/__main__.py" in names
     assert "recap/data/prompts.jsonl" in names and "recap/_core.pyi" in names
     sdist_names = tarfile.open(sdists[0]).getnames()
-    for needed in ("pyproject.toml", "Cargo.toml", "rust/recap-core/src/lib.rs", "python/recap/decoder.py"):
+    for needed in ("pyproject.toml", "Cargo.toml", "rust/recap-core/src/lib.rs", "python/recap/decoding/decoder.py"):
         assert any(n.endswith(needed) for n in sdist_names), needed
 
     venv = tmp_path / "venv"

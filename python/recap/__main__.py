@@ -2,6 +2,6 @@
 
 import sys
 
-from recap.cli import main
+from recap.tools.cli import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 """The generic adapter: the facts about a decoder-only transformers model that the tree pass
-(`recap.tree_pass`), the cost curve and the router need, read from the model itself (no
+(`recap.verify.tree_pass`), the cost curve and the router need, read from the model itself (no
 class names). Adapters import nothing of the decoding loop.
 
 A family that needs something else (multimodal RoPE, visual-token routing) subclasses

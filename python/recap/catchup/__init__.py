@@ -23,7 +23,7 @@ from recap.catchup.config import MODES, CatchUpConfig
 from recap.catchup.ltc import grid_distances, transition_correct
 from recap.catchup.router import Router, RoutingStats
 from recap.catchup.scoring import last_token_attention
-from recap.model_state import peek, state_of
+from recap.state.model_state import peek, state_of
 
 
 def enable(model: torch.nn.Module, config: CatchUpConfig | None = None, **settings) -> Router:

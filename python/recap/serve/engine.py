@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from recap.continuous import ContinuousBatch, Row
+from recap.decoding.continuous import ContinuousBatch, Row
 from recap.serve.metrics import Metrics
 from recap.serve.protocol import ApiError, Completion
 

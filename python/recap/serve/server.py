@@ -50,7 +50,7 @@ def build(model: Any, tokenizer: Any, *, drafter: str = "recap", keys: dict[str,
 
     import recap
 
-    pool = recap.MemoryPool(memory_bytes) if keys and recap.drafters.spec(drafter).uses_memory else None
+    pool = recap.MemoryPool(memory_bytes) if keys and recap.decoding.drafters.spec(drafter).uses_memory else None
     decoder = recap.Decoder(model, recap.RecapConfig(budget="auto"), pool, drafter=drafter)
     if warm:
         decoder.generate(torch.tensor([[1, 2, 3, 1, 2, 3]]), max_new_tokens=4)

@@ -2,7 +2,7 @@
 
 prompts (left-padded) -> one prefill -> each row's first token -> loop {
     each row's session drafts its tree (`recap._core.BatchWidth` sizes them) -> one forward over
-    all trees (`recap.batch_pass`) -> each row's picks and acceptance (its own session) ->
+    all trees (`recap.verify.batch_pass`) -> each row's picks and acceptance (its own session) ->
     one compaction for all rows -> rows that stopped leave the batch }.
 
 Row i's tokens are the tokens its own `generate` at batch 1 gives (and batched `generate`'s
@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from recap._core import BatchWidth
-from recap.acceptance import NodePicks
-from recap.batch_pass import BatchTreePass
-from recap.model_state import state_of
-from recap.outputs import RecapGenerateOutput, TokenRows
-from recap.stats import GenerationStats
+from recap.decoding.acceptance import NodePicks
+from recap.decoding.outputs import RecapGenerateOutput, TokenRows
+from recap.decoding.stats import GenerationStats
+from recap.state.model_state import state_of
+from recap.verify.batch_pass import BatchTreePass
 
 
 class _Row:
@@ -41,7 +41,7 @@ class _Row:
         self.stats: GenerationStats | None = None  # a row's own figures, where it keeps them
         self.error: Exception | None = None  # what its own processors raised (the row then ends)
         self.started, self.ended = 0.0, False
-        self.held: Any = None  # a joining row's admission and session (`recap.continuous`)
+        self.held: Any = None  # a joining row's admission and session (`recap.decoding.continuous`)
         self.picks: NodePicks | None = None
         # A row alone: its streamer and the raw logits row of every committed token.
         self.streamer: Any = None
@@ -56,7 +56,7 @@ class _Row:
 
 
 def decode_batch(decoder, req, sessions: list) -> Any:
-    """Decodes the rows of `req` (a batched `recap.request.Request`) on their `sessions`."""
+    """Decodes the rows of `req` (a batched `recap.decoding.request.Request`) on their `sessions`."""
     stats = GenerationStats(rows=req.batch)
     decoder._local.stats = decoder._last_stats = stats
     t_start = time.perf_counter()

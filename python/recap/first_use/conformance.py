@@ -1,5 +1,5 @@
 """The conformance probe: on first use of a model, one small draft tree is verified in a
-single pass (`recap.tree_pass.TreePass`, the pass decoding runs) and compared with the
+single pass (`recap.verify.tree_pass.TreePass`, the pass decoding runs) and compared with the
 model's own causal forward over each of the tree's paths (one plain forward over both, the
 model's own mask and positions; one per path where the model takes no batch), and the
 cache is compacted to a side branch and decoded one more token. A model that ignores the
@@ -9,7 +9,7 @@ decoding wrong text.
 The tree pass and the last one-token pass are timed (`ModelState.probe_passes`): the
 pass decoding runs, in the model's own layout, so a first use that defers the layout choice
 takes them as its cost curve's points. A pass is kept with the model and across processes
-(`recap.measurements`, keyed by the model's fingerprint and class, dtype, device, attention
+(`recap.state.measurements`, keyed by the model's fingerprint and class, dtype, device, attention
 implementation and the torch, transformers and recap versions), so a later process on the
 same model skips the probe's four passes.
 
@@ -25,12 +25,12 @@ import time
 import numpy as np
 import torch
 
-from recap import measurements
 from recap._core import __version__
 from recap.adapters.base import ModelAdapter
 from recap.adapters.capability import UnsupportedModelError
-from recap.model_state import state_of
-from recap.tree_pass import TreePass
+from recap.state import measurements
+from recap.state.model_state import state_of
+from recap.verify.tree_pass import TreePass
 
 PARENTS = [-1, 0, 1, 2, 0, 4]
 DEPTHS = [0, 1, 2, 3, 1, 2]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from recap._core import Drafter, PersistentMemory
-from recap.config import RecapConfig
+from recap.decoding.config import RecapConfig
 
 Factory = Callable[[int, RecapConfig, "PersistentMemory | None", tuple], Drafter]
 

@@ -26,14 +26,14 @@ class ModelState:
         self.decoders: dict[tuple, Any] = {}  # (drafter name, RecapConfig) -> the recap.Decoder recap.generate uses
         self.router: Any = None  # recap.catchup.router.Router
         self.prefill_lock = threading.Lock()
-        self.layout: Any = None  # recap.linear_layout.LinearLayout
+        self.layout: Any = None  # recap.verify.linear_layout.LinearLayout
         self.layout_choice: dict[tuple, Any] = {}  # (device, dtype, threads) -> the linear_layout.Plan measured fastest
         self.cost_curves: dict[tuple, Any] = {}  # (device, dtype, threads, layout) -> budget.CostModel
         self.conformance: tuple | None = None  # (dtype, device) the probe passed in
         self.probe_passes: dict[int, float] = {}  # its timed passes, seconds by tree size
-        self.head_share: float | None = None  # the head's cost per position over a token's (recap.seeding)
+        self.head_share: float | None = None  # the head's cost per position over a token's (recap.verify.seeding)
         # Requests on the model: a linear-layout choice deferred by a first use waits for a
-        # later request that runs alone (recap.decoder), holding layout_lock while it times.
+        # later request that runs alone (recap.decoding.decoder), holding layout_lock while it times.
         self.layout_lock = threading.RLock()
         self._traffic = threading.Lock()
         self.served = 0  # requests finished

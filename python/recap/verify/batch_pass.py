@@ -1,6 +1,6 @@
 """The tree pass of a batch: B rows, each with its own draft tree, verified in one forward.
 
-Layout. The KV slab (`recap.kv_cache`) holds [layers, B, heads, capacity, head_dim]. Row b's
+Layout. The KV slab (`recap.verify.kv_cache`) holds [layers, B, heads, capacity, head_dim]. Row b's
 committed entries are the columns [0, past[b]): its left padding [0, pad[b]) (masked for
 ever; only a padded prefill leaves any, see `prefill`), then its real tokens. Rows commit
 different numbers of tokens per step, so their
@@ -26,10 +26,10 @@ import threading
 import numpy as np
 import torch
 
-from recap import seeding
-from recap.kv_cache import SlabCache, SlabLayer
-from recap.step_buffers import masked_value
-from recap.tree_pass import pass_attention, prompt_forward
+from recap.verify import seeding
+from recap.verify.kv_cache import SlabCache, SlabLayer
+from recap.verify.step_buffers import masked_value
+from recap.verify.tree_pass import pass_attention, prompt_forward
 
 
 def _zero_padding(pads: torch.Tensor, thread: int):
@@ -184,7 +184,7 @@ class BatchTreePass:
         return last, seeds
 
     def _seed_rows(self, hidden: torch.Tensor | None, head_share: float | None):
-        """(ids, probs, start) for a row's real positions `hidden` [n, hidden] (see `recap.seeding`)."""
+        """(ids, probs, start) for a row's real positions `hidden` [n, hidden] (see `recap.verify.seeding`)."""
         if hidden is None or head_share is None:
             return (*seeding.top_rows(self.adapter, None, self.k), 0)
         n = seeding.positions(hidden.shape[0], head_share)

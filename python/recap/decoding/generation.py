@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from recap.config import RecapConfig
-from recap.model_state import state_of
+from recap.decoding.config import RecapConfig
+from recap.state.model_state import state_of
 
 _LOCK = threading.Lock()
 
@@ -27,7 +27,7 @@ _LOCK = threading.Lock()
 def decoder_for(model: torch.nn.Module, config: RecapConfig | None = None, drafter: str = "recap"):
     """The decoder `recap.generate` uses for `model` with this drafter and configuration
     (created on first use)."""
-    from recap.decoder import Decoder
+    from recap.decoding.decoder import Decoder
 
     if config is not None and not isinstance(config, RecapConfig):
         raise TypeError(f"recap_config: expected a recap.RecapConfig, got {type(config).__name__}")
@@ -73,7 +73,7 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, logits_processor=N
     ``recap_config`` (a `recap.RecapConfig`) and ``drafter`` (a name from `recap.DRAFTERS`)
     choose the decoder; ``memory_pool`` (a `recap.MemoryPool`) and ``memory_scope`` keep the
     cross-request memory per scope."""
-    from recap.request import from_transformers
+    from recap.decoding.request import from_transformers
 
     if synced_gpus:
         raise ValueError("recap.generate runs on one process; synced_gpus=True is not supported")

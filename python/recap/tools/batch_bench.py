@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from recap.config import RecapConfig
-from recap.decoder import Decoder
+from recap.decoding.config import RecapConfig
+from recap.decoding.decoder import Decoder
 
 TARGETS = {4: 1.25, 8: 1.15}  # RECAP@auto over batched greedy at these batch sizes
 FLOOR = 0.97  # never below this at any batch size

@@ -24,7 +24,7 @@ class RecapConfig:
 
     - ``budget``: tree nodes verified per step (root not counted). ``"auto"`` (default) builds
       up to ``max_budget`` nodes and verifies the prefix with the most expected committed
-      tokens per second on this model and hardware (see `recap.budget`); an int verifies
+      tokens per second on this model and hardware (see `recap.first_use.budget`); an int verifies
       exactly that many (the method's published setting is 63).
     - ``suffix_len``: suffix continuation tokens grafted from the root. ``"auto"`` (default):
       with ``budget="auto"`` the chain follows the match length, min(cap, 1 + 4 * match

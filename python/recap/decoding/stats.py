@@ -82,7 +82,7 @@ class GenerationStats:
             "predicted_accepted": self.predicted_accepted,
             "observed_accepted": self.observed_accepted,
             # Steps that verified the root alone: the budget found nothing worth drafting,
-            # or the request's drafting was paused because it did not pay (recap.budget).
+            # or the request's drafting was paused because it did not pay (recap.first_use.budget).
             "undrafted_steps": sum(1 for t in self.tree_sizes if t == 1),
             "cost": self.cost,
             "routing": self.routing,

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from recap.sampling import TokenChooser
+from recap.decoding.sampling import TokenChooser
 
 UNSET: Any = object()  # eos_token_id not given: the generation config's (as generate does)
 # Model kwargs that transformers' generate prepares for its own loop; the decoder makes its own.

@@ -1,8 +1,8 @@
 """`recap.Decoder`: generation with tree-verified RECAP drafts.
 
 One step: draft (Rust, into the tree pass's buffers) -> pack (mask, positions) -> verify (one
-forward over the tree, `recap.tree_pass`) -> pick (each node's token under sampling or
-processors, on the device, `recap.acceptance`) -> accept + update (Rust) -> compact the KV
+forward over the tree, `recap.verify.tree_pass`) -> pick (each node's token under sampling or
+processors, on the device, `recap.decoding.acceptance`) -> accept + update (Rust) -> compact the KV
 cache -> commit tokens. Greedy output equals `model.generate(do_sample=False)` token for
 token; sampled output equals one-token sampling with the same seed.
 """
@@ -18,22 +18,24 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from recap import drafters, layout_choice, seeding
-from recap import linear_layout as layouts
 from recap._core import BatchWidth, PersistentMemory
-from recap.acceptance import NodePicks
 from recap.adapters import ModelAdapter, adapter_for
-from recap.batch_decode import decode_batch
-from recap.budget import POINTS as _COST_POINTS
-from recap.budget import ChainPasses, CostModel, cost_model, model_key, settle
-from recap.config import RecapConfig
-from recap.conformance import probe
-from recap.memory_pool import MemoryPool, memory_fingerprint
-from recap.model_state import peek, state_of
-from recap.outputs import RecapGenerateOutput, TokenRows
-from recap.request import UNSET, Request, from_call
-from recap.stats import GenerationStats
-from recap.tree_pass import TreePass
+from recap.decoding import drafters
+from recap.decoding.acceptance import NodePicks
+from recap.decoding.batch_decode import decode_batch
+from recap.decoding.config import RecapConfig
+from recap.decoding.outputs import RecapGenerateOutput, TokenRows
+from recap.decoding.request import UNSET, Request, from_call
+from recap.decoding.stats import GenerationStats
+from recap.first_use import layout_choice
+from recap.first_use.budget import POINTS as _COST_POINTS
+from recap.first_use.budget import ChainPasses, CostModel, cost_model, model_key, settle
+from recap.first_use.conformance import probe
+from recap.state.memory_pool import MemoryPool, memory_fingerprint
+from recap.state.model_state import peek, state_of
+from recap.verify import linear_layout as layouts
+from recap.verify import seeding
+from recap.verify.tree_pass import TreePass
 
 # The cost curve's sizes while the linear layout's choice waits and the conformance probe's
 # passes are not at hand: each pass is one more first-use cost (0.3 s at 12 tokens on the
@@ -61,7 +63,7 @@ class _FirstUsePasses:
         self.decoder = decoder
         self.built: ChainPasses | None = None
         self.tokens: dict[int, torch.Tensor] = {}
-        # Probe times by the product a pass ran (`recap.linear_layout.PRODUCTS`) and its size.
+        # Probe times by the product a pass ran (`recap.verify.linear_layout.PRODUCTS`) and its size.
         self.seen: dict[tuple[str, int], list[float]] = {}
 
     def _passes(self) -> ChainPasses:
@@ -71,7 +73,7 @@ class _FirstUsePasses:
         return self.built
 
     def layout_probe(self, sizes: tuple[int, ...] = layout_choice.PROBE_TOKENS) -> dict[int, float]:
-        """One verification pass of each of `sizes` (`recap.layout_choice.PROBE_TOKENS`):
+        """One verification pass of each of `sizes` (`recap.first_use.layout_choice.PROBE_TOKENS`):
         seconds by size, without the context the first call builds."""
         passes = self._passes()
         plan = layouts.layout_of(self.decoder.model).plan
@@ -100,12 +102,12 @@ class Decoder:
     or sampled with any of generate's settings, with the same tokens one-token decoding gives.
 
     ``drafter`` names the draft source (``"recap"``, its ablations or a peer; see
-    `recap.drafters.DRAFTERS`). The drafter lives as long as the Decoder and opens one
+    `recap.decoding.drafters.DRAFTERS`). The drafter lives as long as the Decoder and opens one
     session per request, so what it keeps across requests (RECAP's U, Token Recycling's
     rows, the budget's calibration) carries over between calls; pass a
     `recap.PersistentMemory` as ``memory`` to share those rows between decoders, or a
     `recap.MemoryPool` to keep them per ``memory_scope`` (one scope per tenant: a request
-    drafts from and writes to its scope's memory only; see `recap.memory_pool`). One Decoder
+    drafts from and writes to its scope's memory only; see `recap.state.memory_pool`). One Decoder
     serves any number of threads at once: each request has its own session, KV cache and
     buffers; only the prefill of a family that keeps per-request state on the model (M-RoPE
     offsets) is serialised.
@@ -113,7 +115,7 @@ class Decoder:
     ``linear_layout`` (``"auto"`` or a plan's name: ``"default"``, ``"transposed"``,
     ``"swapped"``, ``"transposed+swapped"``, ...): on a CPU, ``"auto"`` times verification
     passes with the model's linear layers as they are, as the swapped product (W @ x^T) and
-    against a transposed copy of their weights (see `recap.linear_layout`), and keeps the
+    against a transposed copy of their weights (see `recap.verify.linear_layout`), and keeps the
     fastest for one row and for a tree's rows; `linear_layout_used` names the plan. Other
     devices keep the model's own. Where nothing is
     decided for the model yet (in this process or the measurement store), the first request
@@ -157,8 +159,8 @@ class Decoder:
         # Only drafters with a persistent memory learn from the prompt's rows; the others'
         # prefill computes the head at the last position only, as generate's does.
         self._seeds = spec.uses_memory
-        self._head_share: float | None = None  # what the first prefill seeds by (recap.seeding)
-        self._plan: layouts.Plan = layouts.DEFAULT  # the products its passes run (recap.linear_layout)
+        self._head_share: float | None = None  # what the first prefill seeds by (recap.verify.seeding)
+        self._plan: layouts.Plan = layouts.DEFAULT  # the products its passes run (recap.verify.linear_layout)
         self._layout_pending = False  # linear_layout="auto" not chosen yet (see _prepare)
         self._prepared = False
 
@@ -196,7 +198,7 @@ class Decoder:
         return dict(known=timed, points=tuple(sorted(set(_PENDING_POINTS) | set(timed))))
 
     def _choose_layout(self, probe_warm: bool, curve_warm: bool) -> None:
-        """The linear layout (`recap.layout_choice.choose`) and, with budget="auto", the cost
+        """The linear layout (`recap.first_use.layout_choice.choose`) and, with budget="auto", the cost
         curve at 1, 4 and 16 tokens in it: the layout probe's passes with the products the
         plan runs are its points, and in the model's own layout so are the points it had (a
         deferred choice's), so no new pass. `*_warm`: the model has just run passes."""
@@ -238,7 +240,7 @@ class Decoder:
             state.leave()
 
     def seed_share(self) -> float | None:
-        """The head share prefills seed by (`recap.seeding`; corrected by every prefill that
+        """The head share prefills seed by (`recap.verify.seeding`; corrected by every prefill that
         seeds), or None for a drafter that does not seed."""
         if self._head_share is None:
             return None
@@ -252,7 +254,7 @@ class Decoder:
     @property
     def linear_layout_used(self) -> str:
         """The name of the plan this decoder's passes run ("default", "swapped",
-        "transposed+swapped", ...: `recap.linear_layout.Plan`; reading it makes a choice that
+        "transposed+swapped", ...: `recap.verify.linear_layout.Plan`; reading it makes a choice that
         `generate` would defer to a later request)."""
         self._prepare(settle=True)
         return self._layout_name()
@@ -263,7 +265,7 @@ class Decoder:
     @property
     def cost(self) -> CostModel | None:
         """The measured cost curve behind budget="auto" (taken on first use, or replaced by
-        what decoding measured when that showed it wrong: `recap.budget.settle`); the drafter
+        what decoding measured when that showed it wrong: `recap.first_use.budget.settle`); the drafter
         corrects it online (`last_stats.cost` shows its state)."""
         self._prepare(settle=True)
         return self._cost
@@ -308,7 +310,7 @@ class Decoder:
                  seed: int | list[int] | None = None, memory_scope: str | list[str | None] | None = None,
                  **kwargs: Any) -> Any:
         """Returns prompt + new tokens shaped [B, L] like `model.generate` (with
-        ``return_dict_in_generate=True``, a `recap.outputs.RecapGenerateOutput`: sequences,
+        ``return_dict_in_generate=True``, a `recap.decoding.outputs.RecapGenerateOutput`: sequences,
         ``output_scores`` / ``output_logits`` as generate returns them, and `recap_stats`).
 
         Greedy unless ``do_sample=True``; every other `generate` setting (temperature, top_k,
@@ -349,7 +351,7 @@ class Decoder:
     @torch.no_grad()
     def run(self, request: Request, *, memory_scope: str | list[str | None] | None = None,
             pool: MemoryPool | None = None) -> Any:
-        """Decodes one validated request (`recap.request`), in `memory_scope` of `pool` (the
+        """Decodes one validated request (`recap.decoding.request`), in `memory_scope` of `pool` (the
         decoder's own pool by default) when a scope is given; a batch takes one scope for
         every row or a list with one per row (None: the decoder's own memory)."""
         pool = pool if pool is not None else self.pool

@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from recap.batch_decode import _Row as Row
-from recap.batch_decode import start_row, step_rows
-from recap.batch_pass import BatchTreePass
-from recap.model_state import state_of
-from recap.request import Request
-from recap.stats import GenerationStats
+from recap.decoding.batch_decode import _Row as Row
+from recap.decoding.batch_decode import start_row, step_rows
+from recap.decoding.request import Request
+from recap.decoding.stats import GenerationStats
+from recap.state.model_state import state_of
+from recap.verify.batch_pass import BatchTreePass
 
 __all__ = ["ContinuousBatch", "Row"]
 

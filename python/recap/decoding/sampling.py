@@ -4,7 +4,7 @@ repetition and n-gram penalties, bad words, suppression, minimum lengths, a user
 
 Acceptance for drafts without draft probabilities (every drafter here): every node's logits
 are processed with its own history (prompt + committed tokens + the node's path) and give
-the node's pick (`recap.acceptance`, on the device); from the root, a child carrying its
+the node's pick (`recap.decoding.acceptance`, on the device); from the root, a child carrying its
 parent's pick is accepted, and the deepest accepted node commits its own pick (Rust's
 `accept_path`, the same walk as greedy decoding). Each committed token is thereby picked from exactly the
 distribution one-token-at-a-time generation would have used at that position, given the same

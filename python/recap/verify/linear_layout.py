@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from recap._core import transpose_into
-from recap.model_state import state_of
+from recap.state.model_state import state_of
 
 PRODUCTS = ("own", "copy", "swapped")
 FEW_ROWS = 64  # the most rows the swapped product runs for: past it (a prompt) MKL's own is faster

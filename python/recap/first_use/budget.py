@@ -17,7 +17,7 @@ extends it with the real passes the controller asks for past its last point, add
 time per step, and cuts each tree to the prefix with the most expected committed tokens per
 second; its backoff judges drafting by measured step times, not by the curve.
 
-Only a curve decoding has confirmed is stored for later processes (`recap.measurements`):
+Only a curve decoding has confirmed is stored for later processes (`recap.state.measurements`):
 once a request's online curve has seen HEAL_AFTER steps, `settle` stores the first-use
 curve if decoding agrees with it, or the corrected one if decoding shows it wrong (a curve
 measured while the machine was busy, one a long context outgrew). Each stored point says
@@ -33,15 +33,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from recap import measurements
-from recap.model_state import state_of
+from recap.state import measurements
+from recap.state.model_state import state_of
 
 # c(n) is near-linear between 2 and 16; bigger sizes are added online. 2 is its own point:
 # on a CPU a 2-token pass costs about what a 1-token pass does, which interpolating from 4
 # would hide from the controller. They are the linear-layout probe's sizes
-# (recap.layout_choice.PROBE_TOKENS): where it ran, its passes are samples of the points.
+# (recap.first_use.layout_choice.PROBE_TOKENS): where it ran, its passes are samples of the points.
 # 16, not 12: past its last point the curve extrapolates the last segment's slope, and the
-# blocks of 16 rows MKL multiplies fast (recap.linear_layout) make c(12) near c(16): from
+# blocks of 16 rows MKL multiplies fast (recap.verify.linear_layout) make c(12) near c(16): from
 # (4, 12) SmolLM2's slope priced 32 tokens at 1.6x what they cost, from (4, 16) at 1.15x.
 POINTS = (1, 2, 4, 16)
 # Timed passes per point at first use (after one untimed pass per size); the median counts.
@@ -106,7 +106,7 @@ def cost_model(model: torch.nn.Module, new_pass, max_tokens: int, *, variant: tu
                points: tuple[int, ...] = POINTS) -> CostModel:
     """The cached cost model of `model` (measured now if missing, or if `refresh`).
 
-    `new_pass(capacity)` makes a `recap.tree_pass.TreePass` of the model (the pass decoding
+    `new_pass(capacity)` makes a `recap.verify.tree_pass.TreePass` of the model (the pass decoding
     runs), with the token ids never to feed (image placeholders) as `new_pass.excluded`.
     `variant` names anything else the passes depend on (the linear layout they run in).
     `passes`, when given, is a context already built (the first use's, shared with the

@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from recap import measurements
-from recap.model_state import state_of
+from recap.state import measurements
+from recap.state.model_state import state_of
 
 SEED_SHARE = 0.04  # seeding may add this share of the prefill's forward time
 # The last positions whose head costs this many prompt tokens' forward are always seeded (10 on
@@ -61,7 +61,7 @@ def top_rows(adapter, hidden: torch.Tensor | None, k: int) -> tuple[np.ndarray, 
 
 def head_share(adapter) -> float:
     """The share the next prefill seeds by: what earlier prefills of this model measured
-    (this process, or one before it through `recap.measurements`), else an estimate from the
+    (this process, or one before it through `recap.state.measurements`), else an estimate from the
     parameter counts, which the first seeding prefill replaces by what it cost (`observe`).
     No forward pass runs here."""
     state = state_of(adapter.model)

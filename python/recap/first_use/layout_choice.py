@@ -1,6 +1,6 @@
-"""Which `recap.linear_layout.Plan` a model's verification passes run: named by the user, or
+"""Which `recap.verify.linear_layout.Plan` a model's verification passes run: named by the user, or
 ("auto") measured once per model, device, dtype and thread count on real passes and kept in
-the measurement store (`recap.measurements`).
+the measurement store (`recap.state.measurements`).
 
 The probe times passes of PROBE_TOKENS rows in the model's own products and in a trial plan
 (the transposed copy for one row where the copy fits in memory, the swapped product for
@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from recap import measurements
-from recap.budget import POINTS
-from recap.linear_layout import DEFAULT, PLAN_NAMES, LinearLayout, Plan, available_memory, layout_of
-from recap.model_state import state_of
+from recap.first_use.budget import POINTS
+from recap.state import measurements
+from recap.state.model_state import state_of
+from recap.verify.linear_layout import DEFAULT, PLAN_NAMES, LinearLayout, Plan, available_memory, layout_of
 
 LAYOUTS = ("auto", *PLAN_NAMES)
 GAIN = 0.95  # a product replaces the model's own only if its passes take at most this share of the time

@@ -6,7 +6,7 @@ A node at depth d stands for output position t + d, after the history (prompt + 
 tokens) and the node's path. The nodes are grouped by depth; at each depth the processors
 run once over all of that depth's nodes (one row per node, its path ids built from a
 device copy of the history and the tree's path table), then the pick is the argmax or the
-inverse CDF of the counter-based uniform of (seed, t + d) (`recap.sampling`). The picks
+inverse CDF of the counter-based uniform of (seed, t + d) (`recap.decoding.sampling`). The picks
 replace the raw argmax in the packed array; acceptance then follows exactly the picks
 one-token decoding would have made at each position.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from recap.sampling import TokenChooser, pick_rows, uniform
+from recap.decoding.sampling import TokenChooser, pick_rows, uniform
 
 
 class NodePicks:

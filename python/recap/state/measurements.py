@@ -41,7 +41,7 @@ def key(model: torch.nn.Module, kind: str, variant: tuple = ()) -> str:
     """The file name of `kind` measured on `model` as it is now (device, dtype, threads)."""
     import transformers
 
-    from recap.memory_pool import memory_fingerprint
+    from recap.state.memory_pool import memory_fingerprint
 
     p = next(model.parameters())
     described = [VERSION, kind, memory_fingerprint(model), str(p.device), str(p.dtype), torch.get_num_threads(),

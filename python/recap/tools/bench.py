@@ -46,11 +46,11 @@ from typing import Any
 
 import torch
 
-from recap.config import RecapConfig
-from recap.decoder import Decoder
-from recap.drafters import spec
-from recap.prompts import Prompt
-from recap.stats import PHASES
+from recap.decoding.config import RecapConfig
+from recap.decoding.decoder import Decoder
+from recap.decoding.drafters import spec
+from recap.decoding.stats import PHASES
+from recap.tools.prompts import Prompt
 
 ANCHOR = "hf_pld"
 #: A run whose CPU time per wall second is below this share of the typical run's was disturbed.
@@ -532,7 +532,7 @@ def source_commit() -> str | None:
     '+changes' when the working tree differs from it."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     if not (root / ".git").exists():
         return None
     try:

@@ -22,8 +22,8 @@ def demo(args: argparse.Namespace) -> int:
     import torch
 
     import recap
-    from recap.models import load_smollm2
-    from recap.prompts import load_prompts
+    from recap.tools.models import load_smollm2
+    from recap.tools.prompts import load_prompts
 
     t0 = time.perf_counter()
     model, tok = load_smollm2(threads=args.threads)
@@ -147,11 +147,11 @@ def _interleaved(prompts: list) -> list:
 
 
 def batch_bench(args: argparse.Namespace, model, tok, encode, model_name: str, prompts: list) -> int:
-    """`recap bench --batch B ...`: batched RECAP@auto against batched greedy (see recap.batch_bench)."""
+    """`recap bench --batch B ...`: batched RECAP@auto against batched greedy (see recap.tools.batch_bench)."""
     from pathlib import Path
 
-    from recap.batch_bench import BatchBench
-    from recap.bench import machine, source_commit
+    from recap.tools.batch_bench import BatchBench
+    from recap.tools.bench import machine, source_commit
 
     rows = [encode([{"role": "user", "content": p.turns[0]}], None) for p in _interleaved(prompts)]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -189,7 +189,7 @@ def bench_entries(drafters: list[str], anchor: bool) -> list[Any]:
     """The bench's columns: each drafter named once, in order, then the anchor (transformers'
     prompt lookup) unless named already. A drafter named twice would run twice under one
     label, and its rounds would be paired with the wrong runs."""
-    from recap.bench import ANCHOR, Entry
+    from recap.tools.bench import ANCHOR, Entry
 
     entries: dict[str, Any] = {}
     for text in [*drafters, *([ANCHOR] if anchor else [])]:
@@ -203,14 +203,14 @@ def bench(args: argparse.Namespace) -> int:
 
     import torch
 
-    from recap.bench import Bench, machine, page, source_commit
-    from recap.prompts import load_prompts
+    from recap.tools.bench import Bench, machine, page, source_commit
+    from recap.tools.prompts import load_prompts
 
     entries = bench_entries(args.drafters, args.anchor)
     t0 = time.perf_counter()
     vision = False
     if args.model is None:
-        from recap.models import load_smollm2
+        from recap.tools.models import load_smollm2
 
         model, tok = load_smollm2(threads=args.threads, dtype=getattr(torch, args.dtype))
         model_name = f"SmolLM2-135M-Instruct ({args.dtype})"
@@ -291,7 +291,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     import torch
 
-    from recap import drafters
+    from recap.decoding import drafters
 
     t0 = time.perf_counter()
     try:
@@ -307,7 +307,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.model is None:
-        from recap.models import load_smollm2
+        from recap.tools.models import load_smollm2
 
         model, tok = load_smollm2(dtype=getattr(torch, args.dtype))
         name = "SmolLM2-135M-Instruct"
@@ -324,7 +324,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def cache(args: argparse.Namespace) -> int:
-    from recap import measurements
+    from recap.state import measurements
 
     where = measurements.folder()
     if args.clear:
@@ -345,8 +345,8 @@ def catchup_bench(args: argparse.Namespace) -> int:
 
     import torch
 
-    from recap.bench import machine
     from recap.catchup import bench as cb
+    from recap.tools.bench import machine
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -354,7 +354,7 @@ def catchup_bench(args: argparse.Namespace) -> int:
     answer = None
     if args.model is None:
         model = cb.tiny_llava()
-        images = sorted((Path(__file__).parent / "data" / "images").glob("*.png"))[: args.limit]
+        images = sorted((Path(__file__).parents[1] / "data" / "images").glob("*.png"))[: args.limit]
         prompts = [{"inputs": cb.tiny_inputs(model, img, [17 + i, 40, 23, 88, 2])} for i, img in enumerate(images)]
         name = "tiny random LLaVA-1.5-shaped model (32 layers, hidden 256, 576 visual tokens)"
     else:
@@ -364,7 +364,8 @@ def catchup_bench(args: argparse.Namespace) -> int:
         if not vision:
             print(f"--model: expected a vision-language model ({', '.join(routed_families())})", file=sys.stderr)
             return 2
-        qfile = Path(args.questions) if args.questions else Path(__file__).parent / "data" / "easy_vqa_questions.jsonl"
+        shipped = Path(__file__).parents[1] / "data" / "easy_vqa_questions.jsonl"
+        qfile = Path(args.questions) if args.questions else shipped
         rows = [json.loads(line) for line in qfile.read_text().splitlines() if line.strip()][: args.limit]
         prompts = []
         for q in rows:
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--per-set", type=int, default=1, help="prompts per data set")
     d.add_argument("--sets", nargs="*", default=None, help="mt_bench humaneval summarisation copy")
     d.add_argument("--threads", type=int, default=None)
-    from recap.bench import DEFAULT_DRAFTERS
+    from recap.tools.bench import DEFAULT_DRAFTERS
 
     b = sub.add_parser("bench", help="every drafter behind one verifier, side by side",
                        description="Runs the chosen drafters on the same prompts in one process and "
@@ -478,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--threads", type=int, default=None)
     s.add_argument("--grace", type=float, default=30.0,
                    help="seconds running requests get to finish after SIGTERM before they are cancelled")
-    k = sub.add_parser("cache", help="the first-use measurements kept across processes (recap.measurements)",
+    k = sub.add_parser("cache", help="the first-use measurements kept across processes (recap.state.measurements)",
                        description="Lists (or with --clear removes) the stored cost curves and linear-layout "
                                    "choices; RECAP_CACHE=0 turns the store off, RECAP_CACHE_DIR moves it.")
     k.add_argument("--clear", action="store_true", help="remove every stored measurement")

@@ -1,8 +1,8 @@
 """The tree pass, in one home: everything one request needs to verify draft trees with the
 target model, built once per request.
 
-`TreePass` owns the request's KV slab (`recap.kv_cache`), the step buffers the drafter
-writes each tree into (`recap.step_buffers`), every attention mask (the committed-prefix
+`TreePass` owns the request's KV slab (`recap.verify.kv_cache`), the step buffers the drafter
+writes each tree into (`recap.verify.step_buffers`), every attention mask (the committed-prefix
 placement and the tree block, and for sliding-window layers a second preallocated buffer),
 the prefill (with the top-K rows that seed the memories), the forward call, the on-device
 top-k packing and the compaction of the cache to the accepted path. Calibration and the
@@ -23,18 +23,18 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from recap import seeding
-from recap.cudnn_attention import without_cudnn_attention
-from recap.grouped_attention import grouped
-from recap.kv_cache import DEFAULT_CAPACITY, SlabCache
-from recap.step_buffers import StepBuffers
+from recap.verify import seeding
+from recap.verify.cudnn_attention import without_cudnn_attention
+from recap.verify.grouped_attention import grouped
+from recap.verify.kv_cache import DEFAULT_CAPACITY, SlabCache
+from recap.verify.step_buffers import StepBuffers
 
 
 @contextlib.contextmanager
 def pass_attention(tokens: torch.Tensor) -> Iterator[None]:
     """The attention a verification pass over `tokens` runs (a tree's, a batch's): the cache's
-    key/value heads are not copied per query head (`recap.grouped_attention`), and on CUDA no
-    cuDNN attention graph is built for each new shape (`recap.cudnn_attention`)."""
+    key/value heads are not copied per query head (`recap.verify.grouped_attention`), and on CUDA no
+    cuDNN attention graph is built for each new shape (`recap.verify.cudnn_attention`)."""
     with grouped(tokens.shape[-1]), without_cudnn_attention(tokens.device):
         yield
 
@@ -117,7 +117,7 @@ class TreePass:
         """Runs the prompt; returns (the last position's logits, the seed rows (ids, probs,
         start): the top-K after the prompt's positions start.. as numpy arrays, none when
         `head_share` is None). How many of the last positions are seeded follows the head's
-        measured cost (`recap.seeding`). Final hidden states are captured at the last norm and
+        measured cost (`recap.verify.seeding`). Final hidden states are captured at the last norm and
         the head runs over them in chunks, so full-vocabulary logits are never held for the
         whole prompt."""
         t0 = time.perf_counter()
