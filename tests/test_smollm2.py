@@ -20,6 +20,34 @@ def smollm2():
     return load_smollm2()
 
 
+def test_the_kept_conversion_is_the_gguf_model_and_a_damaged_one_is_replaced(smollm2, monkeypatch, tmp_path):
+    """The folder the first load writes holds the same weights and tokenizer as the GGUF file
+    (the fixture loaded through it); a damaged folder is dropped and the GGUF file loads."""
+    from recap.tools.models import converted_folder, load_smollm2
+
+    model, tok = smollm2
+    kept = converted_folder()
+    assert kept is not None and (kept / "model.safetensors").exists()
+    assert model.config.name_or_path == str(kept)
+    monkeypatch.setenv("RECAP_MODEL_CACHE", "0")
+    assert converted_folder() is None
+    plain, plain_tok = load_smollm2()
+    assert plain.config.name_or_path != str(kept)
+    mine, theirs = model.state_dict(), plain.state_dict()
+    assert sorted(mine) == sorted(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    text = "Summarise: the quick brown fox jumps over the lazy dog."
+    assert encode(tok, text).tolist() == encode(plain_tok, text).tolist()
+    assert tok.eos_token_id == plain_tok.eos_token_id
+    monkeypatch.delenv("RECAP_MODEL_CACHE")
+    monkeypatch.setenv("RECAP_MODEL_DIR", str(tmp_path))
+    damaged = converted_folder()
+    damaged.mkdir(parents=True)
+    (damaged / "model.safetensors").write_bytes(b"not safetensors")
+    again, _ = load_smollm2()
+    assert not damaged.exists()  # dropped; the next load converts again
+    assert torch.equal(again.lm_head.weight, plain.lm_head.weight)
+
+
 def encode(tok, text):
     ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                   return_tensors="pt")
