@@ -192,20 +192,26 @@ def test_first_use_prices_each_size_by_the_median_of_warm_passes_and_the_probes_
     def probe(size):
         return [t for n, product, t in runs if n == size and product == plan.product(size)]
 
-    assert layout_choice.PROBE_TOKENS == tuple(budget.POINTS) == (1, 2, 4, 16)
+    assert layout_choice.PROBE_TOKENS == (1, 2, 4, 16) and budget.POINTS == (1, 2, 4, 8, 12, 16)
     points = list(budget.POINTS)
-    # The curve's own passes come last: the probe ran every size (its pass is one sample
-    # and stands for the untimed first pass of the shape), so REPS - 1 interleaved rounds,
-    # all in the chosen plan's products.
-    own = runs[-len(points) * (budget.REPS - 1):]
+    probed = [n for n in points if n in layout_choice.PROBE_TOKENS]
+    fresh = [n for n in points if n not in probed]
+    # The curve's own passes come last: one untimed pass of each size the probe did not run,
+    # then interleaved rounds, REPS of each fresh size and REPS - 1 of each probed one (the
+    # probe's pass is one sample and stands for the untimed first pass of the shape), all in
+    # the chosen plan's products.
+    order = fresh + points * (budget.REPS - 1) + fresh
+    own = runs[-len(order):]
     probe_runs = runs[:-len(own)]
-    assert [n for n, _, _ in own] == points * (budget.REPS - 1)
+    assert [n for n, _, _ in own] == order
     assert all(product == plan.product(n) for n, product, _ in own)
-    # Each point: the median of its timed passes and the probe's fastest pass at that size in
-    # the plan's product, made non-decreasing as every curve is (on a tiny model a 16-token
-    # pass can time below a 4-token one).
-    want = [float(np.median([t for m, _, t in own if m == n]
-                            + [min(t for m, product, t in probe_runs if m == n and product == plan.product(n))]))
+    timed = own[len(fresh):]
+    # Each point: the median of its timed passes (and for a probed size the probe's fastest
+    # pass at that size in the plan's product), made non-decreasing as every curve is (on a
+    # tiny model a 16-token pass can time below a 4-token one).
+    want = [float(np.median([t for m, _, t in timed if m == n]
+                            + [min(t for m, product, t in probe_runs if m == n and product == plan.product(n))
+                               for _ in range(n in probed)]))
             for n in points]
     assert cost.points == points and cost.seconds == budget._monotone(np.asarray(want)).tolist()
     assert cost.passes == (budget.REPS,) * len(points) and cost.confirmed_by == 0

@@ -142,6 +142,7 @@ class Drafter:
         seed_context: bool = False,
         reset_memory: bool = False,
         frequency: bool = False,
+        frequency_floor: bool = False,
         excluded: IntArray | None = None,
         memory: PersistentMemory | None = None,
     ) -> Drafter: ...

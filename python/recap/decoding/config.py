@@ -35,6 +35,10 @@ class RecapConfig:
       those nodes by their own observed acceptance, so a small tree holds what that tree
       would pick and a large one adds what the memories know. False: the method as
       published (drafter ``recap_paper``).
+    - ``frequency_floor``: with ``frequency``, whenever the budget drafts, the frequency
+      tree's own proposal (what suffix decoding would verify) is kept, and the calibrated
+      choice adds the nodes that pay beyond it; a paused request drafts none of them.
+      False: every node is kept only by its calibrated price (drafter ``recap_nofloor``).
     """
 
     k: int = _D["k"]
@@ -49,6 +53,7 @@ class RecapConfig:
     seed_context: bool = False
     reset_memory: bool = False
     frequency: bool = True
+    frequency_floor: bool = True
     memory_capacity: int = _D["memory_capacity"]
     excluded: tuple[int, ...] = field(default=())
 
@@ -60,7 +65,7 @@ class RecapConfig:
             if not (auto_ok or (isinstance(v, int) and not isinstance(v, bool))):
                 expected = 'an int or "auto"' if name in ("budget", "suffix_len") else "an int"
                 raise ValueError(f"{name}: expected {expected}, got {v!r}")
-        for name in ("seed_context", "reset_memory", "frequency"):
+        for name in ("seed_context", "reset_memory", "frequency", "frequency_floor"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         if not isinstance(self.fusion, str):
@@ -118,6 +123,7 @@ class RecapConfig:
             seed_context=self.seed_context,
             reset_memory=self.reset_memory,
             frequency=self.frequency and self.auto_budget,
+            frequency_floor=self.frequency_floor,
             excluded=sorted(set(self.excluded) | set(excluded)),
             memory=memory if memory is not None else self.new_memory(vocab_size),
         )

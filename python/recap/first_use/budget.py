@@ -2,7 +2,7 @@
 
 c(n) is the time of one verification pass over n tree tokens (root included), top-k and the
 device-to-host copy included, exactly as a decoding step runs it. At first use it is measured
-only for the small trees every request needs (POINTS: 1, 2, 4 and 16 tokens) and handed to
+only for the small trees every request needs (POINTS: 1, 2, 4, 8, 12 and 16 tokens) and handed to
 the drafter (`Drafter.set_cost_points`). No single pass decides a point: each size gets one
 untimed pass (a new shape's first pass builds its kernels), then REPS timed passes in
 interleaved rounds (a disturbance touches every size, not one), and the point is their
@@ -36,14 +36,15 @@ import torch
 from recap.state import measurements
 from recap.state.model_state import state_of
 
-# c(n) is near-linear between 2 and 16; bigger sizes are added online. 2 is its own point:
-# on a CPU a 2-token pass costs about what a 1-token pass does, which interpolating from 4
-# would hide from the controller. They are the linear-layout probe's sizes
-# (recap.first_use.layout_choice.PROBE_TOKENS): where it ran, its passes are samples of the points.
-# 16, not 12: past its last point the curve extrapolates the last segment's slope, and the
-# blocks of 16 rows MKL multiplies fast (recap.verify.linear_layout) make c(12) near c(16): from
-# (4, 12) SmolLM2's slope priced 32 tokens at 1.6x what they cost, from (4, 16) at 1.15x.
-POINTS = (1, 2, 4, 16)
+# The sizes the curve is measured at, every one a size trees are then filled to: between
+# points the controller prices a tree at the next point's time (`recap_core::cost`), since on
+# a CPU the sizes between can cost more than the point (SmolLM2, 2-core VM: 3 tokens cost
+# 1.15x what 4 do, 9 about 1.1x what 16 do; MKL multiplies blocks of 4 and 16 rows fast,
+# recap.verify.linear_layout). 2 is its own point: on a CPU a 2-token pass can cost about what
+# a 1-token pass does. 1, 2, 4 and 16 are the linear-layout probe's sizes
+# (recap.first_use.layout_choice.PROBE_TOKENS): where it ran, its passes are samples of them.
+# Past 16 the curve grows online from the real passes the controller asks for.
+POINTS = (1, 2, 4, 8, 12, 16)
 # Timed passes per point at first use (after one untimed pass per size); the median counts.
 REPS = 3
 # Context tokens in the cache while measuring (the online corrections follow real contexts).

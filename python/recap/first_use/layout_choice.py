@@ -25,8 +25,9 @@ GAIN = 0.95  # a product replaces the model's own only if its passes take at mos
 # Rows of the probe's passes: one token (where drafts do not pay) and the small trees every
 # request runs (the cost curve's first points, so the curve needs no pass of its own). One
 # size alone misleads: MKL's swapped product without padding took 0.73x the time at 4
-# rows and 0.92x at 12. They are the cost curve's points, so the probe's passes price it.
-PROBE_TOKENS = POINTS
+# rows and 0.92x at 12. They are cost curve points, so the probe's passes price it.
+PROBE_TOKENS = (1, 2, 4, 16)
+assert set(PROBE_TOKENS) <= set(POINTS)
 DECISIVE = 0.8  # one round of probe passes decides a class whose best product takes at most this share
 MEMORY_SHARE = 0.5  # "auto" never spends more than this share of available memory on the copy
 

@@ -213,6 +213,8 @@ pub struct AutoBudget {
     plain_age: u32,
     /// Whether steps report their times (then the backoff judges by them).
     timed: bool,
+    /// The nodes the last step's floor added (scratch).
+    floor_added: Vec<u32>,
 }
 
 impl AutoBudget {
@@ -239,6 +241,7 @@ impl AutoBudget {
             plain_s: 0.0,
             plain_age: 0,
             timed: false,
+            floor_added: Vec::new(),
         };
         b.set_cost(cost)?;
         Ok(b)
@@ -470,22 +473,74 @@ impl AutoBudget {
         let holding_copy = mean_rate * plain >= PAUSE_OVERRIDE;
         // A pause neither explores nor spends the credit: its steps verify the best choice
         // or nothing, and are judged as such.
-        let chosen = if self.plain_needed(holding_copy) {
-            0 // measure what an undrafted step costs (see PLAIN_EMA)
+        let (chosen, drafting) = if self.plain_needed(holding_copy) {
+            (0, false) // measure what an undrafted step costs (see PLAIN_EMA)
         } else if self.backoff.pause_left > 0 {
             self.backoff.pause_left -= 1;
             self.backoff.explored = false;
             if holding_copy {
-                best.1
+                (best.1, true)
             } else {
-                0
+                (0, false)
             }
         } else {
             let chosen = self.explore(best.1);
             self.backoff.explored = chosen > best.1;
-            chosen
+            (chosen, true)
         };
         self.keep_ranked(chosen, tree.len(), keep);
+        if drafting {
+            self.keep_floor(tree, keep);
+        }
+    }
+
+    /// Adds the tree's floor nodes (`DraftTree::floor`) and their paths to the selection just
+    /// made, then, in rank order, the nodes a pass of that size gets for nothing (the curve
+    /// prices sizes between its points at the next point's time); kept where the floor pays
+    /// as a whole by the calibrated means (its nodes' own buckets, learned from the floor
+    /// nodes verified so far): a floor a ranked prefix could not reach without nodes ranked
+    /// above it is judged on its own, and one that costs more than it earns (where every
+    /// node costs a pass) is left out.
+    fn keep_floor(&mut self, tree: &DraftTree, keep: &mut [bool]) {
+        let (kept, expected) = (self.last.kept, self.last.expected);
+        let mut added = std::mem::take(&mut self.floor_added);
+        added.clear();
+        for i in 1..tree.len() {
+            // Preorder: walking up from a floor node stops at the first kept ancestor.
+            let mut v = i;
+            while tree.floor[i] && !keep[v] {
+                keep[v] = true;
+                added.push(v as u32);
+                v = tree.parents[v] as usize;
+            }
+        }
+        if !added.is_empty() {
+            let price = self.cost_of(kept + added.len() + 1);
+            for &v in &self.order {
+                if self.cost_of(kept + added.len() + 2) > price {
+                    break;
+                }
+                if !keep[v as usize] {
+                    keep[v as usize] = true;
+                    added.push(v);
+                }
+            }
+            let gain: f32 = added.iter().map(|&v| self.mean[v as usize]).sum();
+            let before = if kept == 0 {
+                1.0 / self.undrafted_cost()
+            } else {
+                (1.0 + expected) / self.cost_of(kept + 1)
+            };
+            if (1.0 + expected + gain) / self.cost_of(kept + added.len() + 1) >= before {
+                self.last.kept += added.len();
+                self.last.expected += gain;
+            } else {
+                for &v in &added {
+                    keep[v as usize] = false;
+                }
+            }
+        }
+        self.floor_added = added;
     }
 
     /// A new request: its backoff starts afresh (the calibration carries over).
@@ -708,6 +763,42 @@ mod tests {
         }
         t.into_preorder();
         t
+    }
+
+    #[test]
+    fn the_floor_is_kept_where_it_pays_and_filled_to_the_next_point() {
+        // An unlikely chain (no prefix of it pays by its price) and an unlikely sibling.
+        let mut t = unlikely_chain(5);
+        t.push(0, 77, 1e-6, NodeSource::Search);
+        t.into_preorder();
+        let first = (1..t.len()).find(|&i| t.tokens[i] == 11).unwrap();
+        let second = (1..t.len())
+            .find(|&i| t.parents[i] == first as i32)
+            .unwrap();
+        t.floor[first] = true;
+        let mut keep = Vec::new();
+        // Where a 2-token pass costs what a 1-token pass does, the floor costs nothing.
+        let mut b = AutoBudget::new(vec![1.0, 1.0, 1.6, 1.6, 3.0, 3.0, 3.0, 3.0]).unwrap();
+        b.select(&t, &mut keep);
+        assert!(keep[first]);
+        assert_eq!(b.last().kept, 1); // a third token would cost more: nothing rides along
+                                      // Where every token costs a pass, a floor that earns nothing is left out.
+        let mut dear = AutoBudget::new((1..=8).map(|n| n as f32).collect()).unwrap();
+        dear.select(&t, &mut keep);
+        assert_eq!(dear.last().kept, 0);
+        assert_eq!(keep.iter().filter(|&&k| k).count(), 1);
+        // Two floor nodes make a 3-token pass, priced as 4 (the next point's time): the
+        // next ranked node rides free.
+        t.floor[second] = true;
+        let mut stepped = AutoBudget::new(vec![1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0]).unwrap();
+        stepped.select(&t, &mut keep);
+        assert!(keep[first] && keep[second]);
+        assert_eq!(stepped.last().kept, 3);
+        assert_eq!(keep.iter().filter(|&&k| k).count(), 4);
+        // Paused, nothing is drafted, the floor neither.
+        stepped.backoff.pause_left = 2;
+        stepped.select(&t, &mut keep);
+        assert_eq!(stepped.last().kept, 0);
     }
 
     /// One step as a session runs it on `chain`'s tree: select, verify the cut tree, learn.

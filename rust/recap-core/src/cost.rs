@@ -6,8 +6,15 @@
 //! size were seen (MIN_OBSERVATIONS), the others share a global one (the cost drifts with the
 //! context length for every size alike); each factor is the mean of its first passes' ratios,
 //! then an average with weight EMA, so a measurement far off is replaced within a few passes.
-//! c(n) is the corrected measurement, made non-decreasing in n, interpolated (extrapolated
-//! past the last point), plus the host time.
+//! c(n) is the corrected measurement, made non-decreasing in n, plus the host time. Between
+//! two points a size is priced at the next point's time (a step, not a line): on a CPU the
+//! sizes between measured ones can cost more than the next point (SmolLM2 on a 2-core VM, the
+//! transposed layout: 3 tokens 82-101 ms against 4 tokens' 70-87, 9 tokens 134-142 against
+//! 16 tokens' 121), which no interpolation shows; priced at the next point's time a tree of
+//! that size buys nothing a tree of the point's size would not, so the budget fills trees
+//! to the measured sizes and verifies what it has measured. Past the points measured at
+//! first use (the points the curve grew online are far apart) sizes are interpolated, and
+//! past the last point extrapolated along its last segment.
 //!
 //! The curve grows online: a pass well past the last point (EXTEND_FACTOR) becomes a new
 //! point, in the measurement's units (its time over the global correction). So first use
@@ -35,6 +42,8 @@ pub struct CostCurve {
     observed: u64,
     /// Passes that corrected the global ratio.
     timed: u64,
+    /// The last point measured at first use: sizes up to it are priced as steps.
+    stepped: usize,
 }
 
 /// np.interp on sorted xs: clamped at both ends.
@@ -70,7 +79,9 @@ impl CostCurve {
             return Err(Error::invalid("cost seconds", "finite times > 0", bad));
         }
         let n = points.len();
+        let stepped = points[n - 1];
         Ok(CostCurve {
+            stepped,
             points,
             seconds,
             ratio: vec![1.0; n],
@@ -123,18 +134,19 @@ impl CostCurve {
             self.seen.push(1);
             return;
         }
-        let i = (0..self.points.len())
-            .min_by_key(|&i| self.points[i].abs_diff(tokens))
-            .unwrap_or(0);
         let xs: Vec<f64> = self.points.iter().map(|&p| p as f64).collect();
         let base = interp(tokens as f64, &xs, &self.seconds);
         let r = forward_s / base;
         // The mean of the first observations, then an average that follows drift: a
         // correction starts from what real passes took, however far off the measurement
         // was (one taken while the machine was busy, or kept from another process), instead
-        // of forgetting it at EMA per pass.
-        self.seen[i] += 1;
-        self.ratio[i] += EMA.max(1.0 / self.seen[i] as f64) * (r - self.ratio[i]);
+        // of forgetting it at EMA per pass. A point is corrected by passes of its own size
+        // only (a size between points need not cost what an interpolation says); every
+        // pass corrects the global ratio.
+        if let Some(i) = self.points.iter().position(|&p| p == tokens) {
+            self.seen[i] += 1;
+            self.ratio[i] += EMA.max(1.0 / self.seen[i] as f64) * (r - self.ratio[i]);
+        }
         self.timed += 1;
         self.global_ratio += EMA.max(1.0 / self.timed as f64) * (r - self.global_ratio);
     }
@@ -168,6 +180,8 @@ impl CostCurve {
                 let n = n as f64;
                 let c = if n > xs[last] {
                     ys[last] + slope * (n - xs[last])
+                } else if n <= self.stepped as f64 {
+                    ys[xs.partition_point(|&x| x < n)] // the next point's time
                 } else {
                     interp(n, &xs, &ys)
                 };
@@ -188,6 +202,8 @@ mod tests {
         assert!((v[0] - 0.010).abs() < 1e-6);
         assert!((v[1] - 0.014).abs() < 1e-6); // the noisy 2-token point is pulled down
         assert!(v.windows(2).all(|w| w[0] <= w[1] + 1e-9));
+        // Between points, the next point's time: 3 tokens cost what 4 do, 5-7 what 8 do.
+        assert!((v[2] - 0.014).abs() < 1e-6 && (v[4] - 0.018).abs() < 1e-6);
         assert!((v[9] - 0.020).abs() < 1e-6); // slope of the last segment: 0.001 per token
     }
 
@@ -238,6 +254,23 @@ mod tests {
         assert!(after[39] > before * 0.9 && after[39] < 0.2); // interpolated towards it
         c.observe(80, 0.25, None); // not far enough past 64: corrects, does not extend
         assert_eq!(c.points().len(), 6);
+    }
+
+    #[test]
+    fn only_passes_of_a_points_own_size_correct_it() {
+        // 3-token passes cost 3x the measurement: they move the global ratio, not 2's or 4's.
+        let mut c = CostCurve::new(vec![1, 2, 4, 16], vec![0.010, 0.011, 0.012, 0.020]).unwrap();
+        for _ in 0..10 {
+            c.observe(3, 0.036, None);
+            c.observe(4, 0.012, None);
+        }
+        assert_eq!(c.seen(), &[0, 0, 10, 0]);
+        assert!((c.ratios()[2] - 1.0).abs() < 1e-9);
+        assert!(c.global_ratio() > 1.5);
+        let v = c.curve(24);
+        assert!((v[3] - 0.012).abs() < 1e-6, "{}", v[3]); // 4 tokens: their own passes
+        assert_eq!(v[2], v[3]); // 3 tokens are priced as 4
+        assert!(v[16] > v[15]); // past the first-use points: extrapolated
     }
 
     #[test]

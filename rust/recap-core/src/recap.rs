@@ -33,6 +33,12 @@ pub struct RecapConfig {
     /// (SuffixDecoding's, its defaults), as `Frequent` nodes the automatic budget prices
     /// by their own calibration. Off: the method as published.
     pub frequency: bool,
+    /// With `frequency`: the frequency tree's own proposal is a floor the automatic budget
+    /// keeps whenever it drafts (the nodes suffix decoding would verify), and the calibrated
+    /// choice adds what pays beyond it. On a CPU, where every node costs, the calibration
+    /// shared across requests overprices open text's nodes; the floor is what a request's
+    /// own text supports.
+    pub frequency_floor: bool,
 }
 
 impl Default for RecapConfig {
@@ -48,6 +54,7 @@ impl Default for RecapConfig {
             seed_context: false,
             reset_unigram: false,
             frequency: false,
+            frequency_floor: false,
         }
     }
 }
@@ -271,7 +278,15 @@ impl Drafter for RecapDrafter {
         if let Some(f) = &mut self.frequent {
             let depth = max_depth.max(SuffixTreeConfig::default().max_spec as u32);
             let (nodes, matched) = f.best_candidate();
-            tree.graft_frequent(nodes, matched, &self.excluded, depth, &mut self.graft_at);
+            let floor = self.config.frequency_floor;
+            tree.graft_frequent(
+                nodes,
+                matched,
+                &self.excluded,
+                depth,
+                floor,
+                &mut self.graft_at,
+            );
         }
         tree.into_preorder();
     }

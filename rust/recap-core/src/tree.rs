@@ -91,6 +91,9 @@ pub struct DraftTree {
     /// Best-first path score (1 for the root; chain drafters use their own).
     pub scores: Vec<f32>,
     pub sources: Vec<NodeSource>,
+    /// Nodes the automatic budget keeps whenever it drafts (`graft_frequent` with `floor`:
+    /// the request-local frequency tree's own proposal), whatever their calibrated price.
+    pub floor: Vec<bool>,
     /// (prev2, prev) committed tokens before the root; NO_TOKEN where absent.
     pub root_context: [u32; 2],
     scratch_order: Vec<u32>,
@@ -113,12 +116,14 @@ impl DraftTree {
         self.depths.clear();
         self.scores.clear();
         self.sources.clear();
+        self.floor.clear();
         self.root_context = root_context;
         self.tokens.push(root);
         self.parents.push(-1);
         self.depths.push(0);
         self.scores.push(1.0);
         self.sources.push(NodeSource::Root);
+        self.floor.push(false);
     }
 
     /// Starts a new tree rooted at the last committed token of `history` (non-empty).
@@ -135,6 +140,7 @@ impl DraftTree {
         self.depths.push(depth);
         self.scores.push(score);
         self.sources.push(source);
+        self.floor.push(false);
         self.len() - 1
     }
 
@@ -177,14 +183,16 @@ impl DraftTree {
     /// token, path probability; parents first; grown below a match of `matched` tokens) into
     /// this tree, reusing existing children. A reused search node becomes `FrequentAgreed`
     /// and takes the frequency score; a reused copied-text node keeps its chain price (a long match is the stronger
-    /// evidence). Nodes below an excluded token or past `max_depth` are dropped. Returns the
-    /// nodes added.
+    /// evidence). Nodes below an excluded token or past `max_depth` are dropped. With
+    /// `floor`, every placed node (and so its path from the root) is marked `floor`. Returns
+    /// the nodes added.
     pub fn graft_frequent(
         &mut self,
         nodes: &[(i32, u32, f32)],
         matched: usize,
         excluded: &TokenSet,
         max_depth: u32,
+        floor: bool,
         at: &mut Vec<usize>,
     ) -> usize {
         const DROPPED: usize = usize::MAX;
@@ -214,6 +222,7 @@ impl DraftTree {
                     )
                 }
             };
+            self.floor[node] |= floor;
             at.push(node);
         }
         added
@@ -275,6 +284,7 @@ impl DraftTree {
         self.depths = order.iter().map(|&o| self.depths[o]).collect();
         self.scores = order.iter().map(|&o| self.scores[o]).collect();
         self.sources = order.iter().map(|&o| self.sources[o]).collect();
+        self.floor = order.iter().map(|&o| self.floor[o]).collect();
     }
 
     /// Keeps the nodes marked in `keep` (the root and every kept node's parent must be
@@ -304,6 +314,7 @@ impl DraftTree {
             self.depths[w] = self.depths[i];
             self.scores[w] = self.scores[i];
             self.sources[w] = self.sources[i];
+            self.floor[w] = self.floor[i];
             w += 1;
         }
         self.tokens.truncate(w);
@@ -311,6 +322,7 @@ impl DraftTree {
         self.depths.truncate(w);
         self.scores.truncate(w);
         self.sources.truncate(w);
+        self.floor.truncate(w);
     }
 
     /// Writes the T x T ancestor-or-self mask (row i: the nodes node i may attend to) into
@@ -503,7 +515,7 @@ mod tests {
             (1, 13, 0.2),
         ];
         let mut at = Vec::new();
-        assert_eq!(t.graft_frequent(&nodes, 3, &banned, 2, &mut at), 1);
+        assert_eq!(t.graft_frequent(&nodes, 3, &banned, 2, true, &mut at), 1);
         let source_of = |tok: u32| {
             t.tokens
                 .iter()
@@ -519,6 +531,15 @@ mod tests {
         assert_eq!(source_of(31), None);
         assert_eq!(source_of(13), None);
         assert_eq!(t.len(), 5);
+        // The placed nodes are the floor, reused ones included; the rest is not.
+        let floor_of = |tok: u32| t.floor[t.tokens.iter().position(|&x| x == tok).unwrap()];
+        assert!(floor_of(11) && floor_of(12) && floor_of(20));
+        assert!(!t.floor[0] && t.floor.len() == t.len());
+        assert_eq!(t.floor.iter().filter(|&&f| f).count(), 3);
+        let mut keep = vec![true; t.len()];
+        keep[t.tokens.iter().position(|&x| x == 12).unwrap()] = false;
+        t.retain(&keep);
+        assert_eq!(t.floor.iter().filter(|&&f| f).count(), 2); // follows retain
     }
 
     #[test]

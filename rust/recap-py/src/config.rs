@@ -26,6 +26,7 @@ pub struct Knobs<'a> {
     pub seed_context: bool,
     pub reset_memory: bool,
     pub frequency: bool,
+    pub frequency_floor: bool,
 }
 
 impl Knobs<'_> {
@@ -51,6 +52,7 @@ impl Knobs<'_> {
             seed_context: self.seed_context,
             reset_unigram: self.reset_memory,
             frequency: self.frequency,
+            frequency_floor: self.frequency_floor,
         };
         config.validate().map_err(to_py)?;
         Ok(config)
@@ -112,6 +114,7 @@ fn check_recap_config(
         seed_context: false,
         reset_memory: false,
         frequency: false,
+        frequency_floor: false,
     }
     .build()?;
     if memory_capacity < 1 {

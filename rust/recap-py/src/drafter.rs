@@ -96,7 +96,7 @@ impl Drafter {
     #[pyo3(signature = (vocab_size, *, k = None, budget = None, max_depth = None, eta = None,
         priors = None, fusion = None, suffix_len = None, suffix_adaptive = false,
         context_capacity = None, seed_context = false, reset_memory = false, frequency = false,
-        excluded = None, memory = None))]
+        frequency_floor = false, excluded = None, memory = None))]
     #[allow(clippy::too_many_arguments)]
     fn recap(
         py: Python<'_>,
@@ -113,6 +113,7 @@ impl Drafter {
         seed_context: bool,
         reset_memory: bool,
         frequency: bool,
+        frequency_floor: bool,
         excluded: Option<&Bound<'_, PyAny>>,
         memory: Option<Py<PersistentMemory>>,
     ) -> PyResult<Self> {
@@ -131,6 +132,7 @@ impl Drafter {
             seed_context,
             reset_memory,
             frequency,
+            frequency_floor,
         }
         .build()?;
         let memory = memory_or_new(py, memory, vocab_size, config.k)?;
