@@ -1,12 +1,16 @@
-"""The lean step's pieces: the slab KV cache, the step buffers, and the one-call boundary
+"""The lean step's pieces: the slab KV cache, the tree pass's masks, and the one-call boundary
 with the drafter (propose_into / observe_packed)."""
+
+import copy
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import recap
 import torch
 from recap import Drafter
 from recap.verify.kv_cache import SlabCache
-from recap.verify.step_buffers import StepBuffers, masked_value
+from recap.verify.tree_pass import TreePass, masked_value
 from transformers import DynamicCache
 
 V = 50
@@ -73,20 +77,59 @@ def test_slab_cache_gives_a_differently_shaped_layer_its_own_buffer():
     assert slab.layers[1].keys.shape == (1, 1, 6, 8) and slab.layers[0].keys.shape == (1, 2, 3, 4)
 
 
-def test_step_buffers_write_only_the_tree_block_and_clean_the_old_one():
-    bufs = StepBuffers(max_nodes=4, capacity=8, dtype=torch.float32, device=torch.device("cpu"))
+def test_each_rows_mask_sees_its_own_prefix_and_tree_and_a_window_hides_what_lies_outside_it():
+    from tiny_models import text_model
+
+    adapter = recap.Decoder(text_model("Llama")).adapter
+    tp = TreePass(adapter, max_nodes=4, capacity=16, rows=2)
     neg = masked_value(torch.float32)
+    # Row 0: 2 padding columns, committed up to 6; row 1: committed up to 9 (the width).
+    tp.pad[:], tp.past[:], tp.width = [2, 0], [6, 9], 9
     rng = np.random.default_rng(0)
-    past = 3
-    for _ in range(6):
-        n = int(rng.integers(1, 6))
-        tril = np.tril(rng.random((n, n)) < 0.5) | np.eye(n, dtype=bool)
-        bufs.block[: n * n] = np.where(tril, 0.0, neg).ravel()
-        got = bufs.full_mask(n, past)
-        want = torch.zeros(1, 1, n, past + n)
-        want[0, 0, :, past:] = torch.from_numpy(np.where(tril, 0.0, neg).astype(np.float32))
-        assert torch.equal(got, want)
-        past += int(rng.integers(1, n + 1))  # the capacity of 8 is passed: the buffer grows
+    t = 3
+    blocks = [np.where(np.tril(rng.random((t, t)) < 0.5) | np.eye(t, dtype=bool), 0.0, neg) for _ in range(2)]
+    depths = torch.tensor([[0, 1, 2], [0, 1, 1]])
+    got = tp.masks(torch.from_numpy(np.stack(blocks).astype(np.float32)), depths, t)
+    assert got.shape == (2, 1, t, 9 + t)
+    for b, (pad, past) in enumerate(((2, 6), (0, 9))):
+        want = np.full((t, 9 + t), neg, dtype=np.float32)
+        want[:, pad:past] = 0.0
+        want[:, 9:] = blocks[b]
+        assert np.array_equal(got[b, 0].numpy(), want), b
+    # A window of 4: key column c of row b (real index c - pad) is out for a node at real
+    # index past - pad + depth once c - pad <= that index - 4.
+    tp.window = 4
+    tp.adapter = copy.copy(adapter)  # a model whose layers all slide
+    tp.adapter.mask_types = ["sliding_attention"]
+    sliding = tp.masks(torch.from_numpy(np.stack(blocks).astype(np.float32)), depths, t)
+    for b, (pad, past) in enumerate(((2, 6), (0, 9))):
+        for i in range(t):
+            node = past - pad + int(depths[b, i])
+            for c in range(pad, past):
+                assert (sliding[b, 0, i, c] == neg) == (c - pad <= node - 4), (b, i, c)
+
+
+def test_a_row_alone_keeps_its_path_and_a_batch_moves_each_rows_nodes():
+    from tiny_models import text_model
+
+    adapter = recap.Decoder(text_model("Llama")).adapter
+    gen = torch.Generator().manual_seed(0)
+    for rows in (1, 2):
+        tp = TreePass(adapter, max_nodes=4, capacity=32, rows=rows)
+        ids = torch.randint(3, 100, (rows, 5), generator=gen)
+        tp.prefill(ids, torch.ones_like(ids), {})
+        tp.load_tree([7, 8, 9, 10], [-1, 0, 0, 2])  # row 0; every other row drafts the same tree
+        for name in ("tokens", "parents", "depths", "positions", "blocks", "sizes"):
+            getattr(tp, name)[1:] = getattr(tp, name)[0]
+        tokens, positions, mask, t = tp.upload()
+        tp.forward(tokens, positions, mask)
+        layer = tp.cache.layers[0]
+        tree_keys = layer.keys[:, :, 5:9].clone()  # the tree's entries after the prompts
+        tp.compact([np.array([0, 2, 3])] * rows, t)  # root, then the second branch
+        assert tp.past.tolist() == [8] * rows and tp.width == 8
+        kept = tp.cache.layers[0].keys
+        assert kept.shape[-2] == 8
+        assert torch.equal(kept[:, :, 5:8], tree_keys[:, :, [0, 2, 3]])
 
 
 def test_propose_into_and_observe_packed_match_propose_and_observe():
@@ -98,10 +141,14 @@ def test_propose_into_and_observe_packed_match_propose_and_observe():
     for d in (a, b):
         d.begin(history)
         d.seed(ids, probs)
-    bufs = StepBuffers(a.max_nodes, 64, torch.float32, torch.device("cpu"))
+    t = a.max_nodes + 1
+    names = ("tokens", "parents", "depths", "positions")
+    bufs = SimpleNamespace(**{name: np.zeros(t, dtype=np.int64) for name in names},
+                           block=np.zeros(t * t, dtype=np.float32))
     for _ in range(5):
         tree = a.propose()
-        n, deepest = bufs.draft(b, 100)
+        n, deepest = b.propose_into(bufs.tokens, bufs.parents, bufs.depths, bufs.positions, bufs.block,
+                                    masked_value(torch.float32), 100)
         assert n == len(tree) and deepest == tree.depths.max()
         assert bufs.positions[:n].tolist() == (tree.depths + 100).tolist()
         assert bufs.tokens[:n].tolist() == tree.tokens.tolist()

@@ -13,14 +13,17 @@ import types
 
 _LAYOUT = {
     "state": ("model_state", "measurements", "memory_pool"),
-    "verify": ("tree_pass", "batch_pass", "kv_cache", "step_buffers", "cudnn_attention", "grouped_attention",
+    "verify": ("tree_pass", "kv_cache", "cudnn_attention", "grouped_attention",
                "linear_layout", "seeding"),
     "first_use": ("budget", "conformance", "layout_choice"),
-    "decoding": ("decoder", "request", "batch_decode", "continuous", "generation", "acceptance", "sampling",
+    "decoding": ("decoder", "request", "continuous", "generation", "acceptance", "sampling",
                  "outputs", "stats", "drafters", "config"),
     "tools": ("cli", "bench", "batch_bench", "prompts", "models"),
 }
 MOVED = {f"recap.{name}": f"recap.{floor}.{name}" for floor, names in _LAYOUT.items() for name in names}
+# Modules that became part of another: a batch's pass and loop are every request's now.
+for _old, _new in (("verify.batch_pass", "verify.tree_pass"), ("decoding.batch_decode", "decoding.loop")):
+    MOVED[f"recap.{_old.split('.')[1]}"] = MOVED[f"recap.{_old}"] = f"recap.{_new}"
 
 
 class _Forward(types.ModuleType):

@@ -36,9 +36,10 @@ class RecapConfig:
       would pick and a large one adds what the memories know. False: the method as
       published (drafter ``recap_paper``).
     - ``frequency_floor``: with ``frequency``, whenever the budget drafts, the frequency
-      tree's own proposal (what suffix decoding would verify) is kept, and the calibrated
-      choice adds the nodes that pay beyond it; a paused request drafts none of them.
-      False: every node is kept only by its calibrated price (drafter ``recap_nofloor``).
+      tree's own proposal (what suffix decoding would verify) is added to the calibrated
+      choice where it pays as a whole; a paused request drafts none of it (drafter
+      ``recap_floor``). Off by default: on a 2-core CPU it raised tau (1.62 against 1.53 on
+      three open-text prompts) but not the speed (docs/results/fastest.md).
     """
 
     k: int = _D["k"]
@@ -53,7 +54,7 @@ class RecapConfig:
     seed_context: bool = False
     reset_memory: bool = False
     frequency: bool = True
-    frequency_floor: bool = True
+    frequency_floor: bool = False
     memory_capacity: int = _D["memory_capacity"]
     excluded: tuple[int, ...] = field(default=())
 

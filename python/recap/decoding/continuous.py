@@ -1,10 +1,10 @@
 """Continuous batching: requests join a running batch between steps and leave when they end.
 
 join(request, session) -> its prompt prefilled alone into a new last row of the slab
-(`BatchTreePass.join`, exactly as at batch 1) -> its first token (`batch_decode.start_row`)
--> every `step`: one verification pass over every row's tree (`batch_decode.step_rows`, the
+(`TreePass.join`, exactly as at batch 1) -> its first token (`loop.start_row`)
+-> every `step`: one verification pass over every row's tree (`loop.step_rows`, the
 loop a batched request runs) -> a row that ends (EOS, its length, a stopping criterion such
-as a cancellation) leaves the slab at once (`BatchTreePass.drop`), its streamer ends and its
+as a cancellation) leaves the slab at once (`TreePass.drop`), its streamer ends and its
 session finishes.
 
 A row's tokens are its own batch-1 `generate` output whenever it joined and whoever shared
@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from recap.decoding.batch_decode import _Row as Row
-from recap.decoding.batch_decode import start_row, step_rows
+from recap.decoding.loop import _Row as Row
+from recap.decoding.loop import start_row, step_rows
 from recap.decoding.request import Request
 from recap.decoding.stats import GenerationStats
 from recap.state.model_state import state_of
-from recap.verify.batch_pass import BatchTreePass
+from recap.verify.tree_pass import TreePass
 
 __all__ = ["ContinuousBatch", "Row"]
 
@@ -42,7 +42,7 @@ class ContinuousBatch:
         self.decoder = decoder
         self.rows: list[Row] = []
         self.stats = GenerationStats(rows=0)  # the passes, over every row that took part
-        self._tp: BatchTreePass | None = None
+        self._tp: TreePass | None = None
         self._layout = contextlib.ExitStack()
 
     @torch.no_grad()
@@ -74,7 +74,7 @@ class ContinuousBatch:
         if self._tp is None:
             self._layout.enter_context(dec._layout_context())
             capacity = req.input_ids.shape[1] + min(req.max_new, 1 << 16) + session.max_nodes + 1
-            self._tp = BatchTreePass(dec.adapter, 0, session.max_nodes, capacity, dec.config.k)
+            self._tp = TreePass(dec.adapter, session.max_nodes, capacity, dec.config.k, rows=0)
         tp = self._tp
         t0 = time.perf_counter()
         prompt = req.input_ids[0].tolist()

@@ -12,27 +12,23 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
-from typing import Any, cast
+from typing import Any
 
-import numpy as np
 import torch
 
 from recap._core import BatchWidth, PersistentMemory
 from recap.adapters import ModelAdapter, adapter_for
 from recap.decoding import drafters
-from recap.decoding.acceptance import NodePicks
-from recap.decoding.batch_decode import decode_batch
 from recap.decoding.config import RecapConfig
-from recap.decoding.outputs import RecapGenerateOutput, TokenRows
+from recap.decoding.loop import decode
 from recap.decoding.request import UNSET, Request, from_call
 from recap.decoding.stats import GenerationStats
 from recap.first_use import layout_choice
 from recap.first_use.budget import POINTS as _COST_POINTS
-from recap.first_use.budget import ChainPasses, CostModel, cost_model, model_key, settle
+from recap.first_use.budget import ChainPasses, CostModel, cost_model, model_key
 from recap.first_use.conformance import probe
 from recap.state.memory_pool import MemoryPool, memory_fingerprint
-from recap.state.model_state import peek, state_of
+from recap.state.model_state import state_of
 from recap.verify import linear_layout as layouts
 from recap.verify import seeding
 from recap.verify.tree_pass import TreePass
@@ -363,9 +359,7 @@ class Decoder:
             stack.enter_context(self._admitted())
             sessions = [stack.enter_context(self._session(stack, scope, pool)) for scope in scopes]
             stack.enter_context(self._layout_context())
-            if request.padded:
-                return decode_batch(self, request, sessions)
-            return self._generate(request, sessions[0])
+            return decode(self, request, sessions)
 
     def _session(self, stack: contextlib.ExitStack, memory_scope: str | None, pool: MemoryPool | None):
         """A session on this decoder's drafter, drafting from and writing to the scope's
@@ -413,110 +407,6 @@ class Decoder:
         loaded = PersistentMemory.load(os.fspath(path), vocab_size=self.adapter.vocab_size, k=self.config.k,
                                        fingerprint=memory_fingerprint(self.model))
         self.memory = loaded  # requests that start from now on draw on it; running ones keep theirs
-
-    def _generate(self, req: Request, session) -> Any:
-        """prompt -> prefill -> loop { draft -> pack -> verify -> pick -> accept + update ->
-        compact -> commit }: one request on its own session and tree pass."""
-        input_ids, max_new, eos, streamer, chooser = req.input_ids, req.max_new, req.eos, req.streamer, req.chooser
-        stats = GenerationStats()
-        self._local.stats = self._last_stats = stats
-        t_start = time.perf_counter()
-        layout = self._layout_name()  # what this request's passes run in, whatever is chosen meanwhile
-        prompt = input_ids[0].tolist()
-        adapter = self.adapter
-        # Room for the prompt, every new token and one more tree (the cache grows past it if needed).
-        capacity = input_ids.shape[1] + min(max_new, 1 << 16) + session.max_nodes + 1
-        tp = TreePass(adapter, session.max_nodes, capacity, self.config.k)
-        # A family that keeps per-request state on the model (M-RoPE offsets) prefills under the
-        # model's lock, so a concurrent request cannot overwrite the state before it is read.
-        shared = state_of(self.model).prefill_lock if adapter.keeps_request_state else contextlib.nullcontext()
-        with shared:
-            adapter.before_prefill()
-            last, seeds = tp.prefill(input_ids, req.attention_mask, req.model_inputs, head_share=self.seed_share())
-        first = chooser.choose(prompt, last, 0)
-        rows = TokenRows() if req.keeps_rows else None
-        if rows is not None:
-            rows.add(last.unsqueeze(0))
-        stats.prefill_s = time.perf_counter() - t_start
-        router = getattr(peek(self.model), "router", None)  # routing stats are kept per thread
-        if router is not None and router.last_stats is not None:
-            stats.routing = router.last_stats.as_dict()
-        if streamer is not None and not req.streamer_has_prompt:
-            streamer.put(input_ids.cpu())
-        out = [first]
-        if streamer is not None:
-            streamer.put(torch.tensor([first]))
-        if not (first in eos or len(out) >= max_new or self._stop(req, prompt, out)):
-            session.begin(np.asarray(prompt + [first], dtype=np.int64))
-            session.limit_new_tokens(max_new - len(out))
-            session.seed(*seeds)
-            self._decode(req, session, tp, prompt, out, stats, rows)
-        if streamer is not None:
-            streamer.end()
-        if self._cost is not None:
-            stats.cost = session.cost_state()
-            settled = settle(self.model, (layout,), stats.cost)  # confirmed, or replaced if shown wrong
-            if settled is not None:
-                self._cost = settled
-        stats.new_tokens = len(out)
-        stats.kv_bytes = tp.cache.nbytes()
-        stats.total_s = time.perf_counter() - t_start
-        sequences = torch.tensor([prompt + out], dtype=input_ids.dtype, device=input_ids.device)
-        if not req.return_dict:
-            return sequences
-        # transformers types these fields as one-element tuples; they hold one row per token.
-        logits: Any = rows.logits(len(out)) if rows is not None and req.output_logits else None
-        scores: Any = (rows.scores(chooser.processors, sequences, len(prompt), len(out))
-                       if rows is not None and req.output_scores else None)
-        return RecapGenerateOutput(sequences=cast(torch.LongTensor, sequences), logits=logits, scores=scores,
-                                   recap_stats=stats.as_dict())
-
-    def _decode(self, req: Request, session, tp: TreePass, prompt: list[int], out: list[int],
-                stats: GenerationStats, rows: TokenRows | None) -> None:
-        """The steps after the first token, until EOS, the length or a stopping criterion."""
-        eos, max_new, streamer, k = req.eos, req.max_new, req.streamer, self.config.k
-        # Processed or sampled: each node's own pick, on the device (greedy reads the argmax).
-        picks = None if req.chooser.plain_greedy else NodePicks(req.chooser, prompt + out, tp.bufs.mask.shape[-1],
-                                                                session.max_nodes, tp.device)
-        bufs, timed, phase = tp.bufs, self._cost is not None, stats.phase_s
-        host_s = None  # the previous step's host time, reported with this step's pass
-        done = False
-        while not done:
-            t0 = time.perf_counter()
-            n, deepest = tp.draft(session)
-            t1 = time.perf_counter()
-            inputs = tp.upload(n, deepest)
-            t2 = time.perf_counter()
-            logits = tp.forward(*inputs)
-            ta = time.perf_counter()
-            pred = None if picks is None else picks.pick(logits, bufs.tokens[:n], bufs.parents[:n],
-                                                         bufs.depths[:n], deepest, len(out))
-            tb = time.perf_counter()
-            packed = tp.packed(logits, pred)
-            t3 = time.perf_counter()
-            # The budget controller learns from every step's timings.
-            path, committed = session.observe_packed(packed, k, t3 - t2 if timed else None, host_s)
-            t4 = time.perf_counter()
-            tp.compact(path, n)
-            if rows is not None:  # each committed token's row: the node it was picked at
-                rows.add(logits.index_select(0, torch.from_numpy(path).to(logits.device)))
-            t5 = time.perf_counter()
-            new = committed.tolist()
-            for i, tok in enumerate(new):
-                out.append(tok)
-                if tok in eos or len(out) >= max_new or self._stop(req, prompt, out):
-                    new, done = new[:i + 1], True
-                    break
-            if picks is not None:
-                picks.commit(new)
-            if streamer is not None:
-                streamer.put(torch.tensor(new))
-            stats.record_step(n, len(path), session.last_selection if timed else None)
-            t6 = time.perf_counter()
-            for name, dt in (("draft", t1 - t0), ("pack", t2 - t1), ("forward", (ta - t2) + (t3 - tb)),
-                             ("pick", tb - ta), ("update", t4 - t3), ("compact", t5 - t4), ("other", t6 - t5)):
-                phase[name] += dt  # "pick": on a CPU the processors and picks run on the host
-            host_s = (t2 - t0) + (tb - ta) + (t6 - t3)
 
     @staticmethod
     def _stop(req: Request, prompt: list[int], out: list[int]) -> bool:

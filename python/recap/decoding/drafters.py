@@ -52,7 +52,7 @@ _ABLATIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("nosuffix", "no suffix graft", {"suffix_len": 0}),
     ("reset", "U reset per request", {"reset_memory": True}),
     ("paper", "the method as published: no frequency tree merged", {"frequency": False}),
-    ("nofloor", "the frequency tree's nodes kept only by their calibrated price", {"frequency_floor": False}),
+    ("floor", "the frequency tree's proposal kept as a floor where it pays as a whole", {"frequency_floor": True}),
 ]
 
 _SPECS = [

@@ -70,7 +70,7 @@ def _causal(adapter: ModelAdapter, context: list[int], tails: list[list[int]], d
 
 def _tree_pass(tp: TreePass, tokens: list[int], shift: int = 0) -> torch.Tensor:
     n, deepest = tp.load_tree(tokens, PARENTS)
-    tp.bufs.positions[:n] += shift
+    tp.positions[0, :n] += shift
     return tp.verify(n, deepest).double()
 
 
@@ -137,7 +137,7 @@ def probe(adapter: ModelAdapter) -> bool:
             f"{name}: a draft-tree pass does not reproduce one-token decoding (max logit difference {diff:.3g} "
             f"in {dt}); its attention may not honour a 4D additive mask")
     try:
-        tp.compact(KEEP, len(tree))
+        tp.compact([KEEP], len(tree))
         t = time.perf_counter()
         got_f = tp.verify(*tp.load_chain([f])).double()
         passes[1] = time.perf_counter() - t

@@ -14,7 +14,7 @@ layer's keys live in one preallocated buffer, [layers, batch, heads, capacity, h
 The buffer grows by doubling when a request outlives its capacity. Layers are plain
 `DynamicLayer`s to the model: `keys` / `values` are views of the filled part.
 
-A batch (`recap.verify.batch_pass`) keeps its rows in the batch dimension, ragged: every layer holds
+A batch (`recap.verify.tree_pass`) keeps its rows in the batch dimension, ragged: every layer holds
 the same length W (the longest row's), and a row's columns past its own length are holes
 the mask hides. Its row edits live here, with the storage they edit: `move_entries` (each
 row's accepted nodes to their place, one gather and one write for every row and layer),

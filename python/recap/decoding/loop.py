@@ -1,15 +1,20 @@
-"""A batch of prompts decoded together: one verification pass per step for every row.
+"""The decoding loop, one for every request: a request is a batch of B rows (B = 1 included),
+verified together in one pass per step.
 
-prompts (left-padded) -> one prefill -> each row's first token -> loop {
-    each row's session drafts its tree (`recap._core.BatchWidth` sizes them) -> one forward over
-    all trees (`recap.verify.batch_pass`) -> each row's picks and acceptance (its own session) ->
-    one compaction for all rows -> rows that stopped leave the batch }.
+prompts -> one prefill -> each row's first token -> loop {
+    each row's session drafts its tree -> one forward over all trees (`recap.verify.tree_pass`)
+    -> each row's picks and acceptance (its own session) -> one compaction for all rows ->
+    rows that stopped leave the batch }.
+
+Tree sizes: a row alone sizes its own tree (its session's automatic budget, fed every step's
+pass and host times, and its cost curve settled when the request ends:
+`recap.first_use.budget.settle`); rows together get one width per step from every row's
+ranked drafts (`recap._core.BatchWidth`).
 
 Row i's tokens are the tokens its own `generate` at batch 1 gives (and batched `generate`'s
 row i): each row has its own session, tree, positions and mask, so nothing of another row
-enters its computation except through the shape of the pass. A row alone (one prompt with
-left padding, as evaluation harnesses send it) gets what a one-row request gets: the
-streamer (its padded prompt, every committed token, then `end()`) and, with
+enters its computation except through the shape of the pass. A request of one row (padded
+or not) gets the streamer (its prompt, every committed token, then `end()`) and, with
 `return_dict_in_generate`, its scores and logits.
 """
 
@@ -26,8 +31,9 @@ from recap._core import BatchWidth
 from recap.decoding.acceptance import NodePicks
 from recap.decoding.outputs import RecapGenerateOutput, TokenRows
 from recap.decoding.stats import GenerationStats
-from recap.state.model_state import state_of
-from recap.verify.batch_pass import BatchTreePass
+from recap.first_use.budget import settle
+from recap.state.model_state import peek, state_of
+from recap.verify.tree_pass import TreePass
 
 
 class _Row:
@@ -46,6 +52,7 @@ class _Row:
         # A row alone: its streamer and the raw logits row of every committed token.
         self.streamer: Any = None
         self.logit_rows: TokenRows | None = None
+        self.host_s: float | None = None  # its last step's host time, while it is timed alone
 
     def commit(self, tokens: list[int], logit_rows: torch.Tensor | None = None) -> None:
         """Hands committed tokens (already in `out`) to the streamer, their rows to the kept ones."""
@@ -55,8 +62,8 @@ class _Row:
             self.logit_rows.add(logit_rows)
 
 
-def decode_batch(decoder, req, sessions: list) -> Any:
-    """Decodes the rows of `req` (a batched `recap.decoding.request.Request`) on their `sessions`."""
+def decode(decoder, req, sessions: list) -> Any:
+    """Decodes the rows of `req` (a `recap.decoding.request.Request`) on their `sessions`."""
     stats = GenerationStats(rows=req.batch)
     decoder._local.stats = decoder._last_stats = stats
     t_start = time.perf_counter()
@@ -64,11 +71,15 @@ def decode_batch(decoder, req, sessions: list) -> Any:
     ids, mask = req.input_ids, req.attention_mask
     max_nodes = sessions[0].max_nodes
     capacity = ids.shape[1] + min(req.max_new, 1 << 16) + max_nodes + 1
-    tp = BatchTreePass(adapter, req.batch, max_nodes, capacity, k)
+    layout = decoder._layout_name()  # what this request's passes run in, whatever is chosen meanwhile
+    tp = TreePass(adapter, max_nodes, capacity, k, rows=req.batch)
     shared = state_of(decoder.model).prefill_lock if adapter.keeps_request_state else contextlib.nullcontext()
     with shared:
         adapter.before_prefill()
         last, seeds = tp.prefill(ids, mask, req.model_inputs, head_share=decoder.seed_share())
+    router = getattr(peek(decoder.model), "router", None)  # routing stats are kept per thread
+    if router is not None and router.last_stats is not None:
+        stats.routing = router.last_stats.as_dict()
     pads = tp.pad.tolist()
     rows = []
     for b in range(req.batch):
@@ -92,6 +103,11 @@ def decode_batch(decoder, req, sessions: list) -> Any:
         row.session.finish()
         if row.streamer is not None:
             row.streamer.end()
+    if req.batch == 1 and decoder._cost is not None:
+        stats.cost = rows[0].session.cost_state()
+        settled = settle(decoder.model, (layout,), stats.cost)  # confirmed, or replaced if shown wrong
+        if settled is not None:
+            decoder._cost = settled
     stats.kv_bytes = tp.cache.nbytes()
     stats.new_tokens = sum(len(r.out) for r in rows)
     stats.total_s = time.perf_counter() - t_start
@@ -133,12 +149,15 @@ def start_row(decoder, row: _Row, last: torch.Tensor, seed: tuple, capacity: int
     return True
 
 
-def step_rows(decoder, tp: BatchTreePass, active: list[_Row], stats: GenerationStats,
+def step_rows(decoder, tp: TreePass, active: list[_Row], stats: GenerationStats,
               budget: BatchWidth | None, k: int) -> list[_Row]:
-    """One pass for every active row; returns the rows still decoding."""
+    """One pass for every active row; returns the rows still decoding. A row alone sizes its
+    own tree and is timed (with an automatic budget)."""
     phase = stats.phase_s
+    alone = len(active) == 1
+    timed = alone and decoder._cost is not None
     t0 = time.perf_counter()
-    if budget is not None:  # one width for the batch, from every row's ranked drafts
+    if budget is not None and not alone:  # one width for the batch, from every row's ranked drafts
         width = budget.width([row.session.propose_ranked() for row in active])
         for j, row in enumerate(active):
             tp.cut(j, row.session, width - 1)
@@ -154,7 +173,7 @@ def step_rows(decoder, tp: BatchTreePass, active: list[_Row], stats: GenerationS
     tb = time.perf_counter()
     packed = tp.packed(logits, pred)
     t3 = time.perf_counter()
-    if budget is not None:
+    if budget is not None and not alone:
         budget.observe(len(active), t, t3 - t2)
     paths, done = [], []
     for j, row in enumerate(active):
@@ -163,9 +182,12 @@ def step_rows(decoder, tp: BatchTreePass, active: list[_Row], stats: GenerationS
             done.append(True)
             continue
         n = int(tp.sizes[j])
-        path, committed = row.session.observe_packed(packed[j, :n], k)
+        if timed:  # the budget controller learns from the step's pass and the last one's host time
+            path, committed = row.session.observe_packed(packed[j, :n], k, t3 - t2, row.host_s)
+        else:
+            path, committed = row.session.observe_packed(packed[j, :n], k)
         paths.append(path)
-        stats.record_step(n, len(path), None)
+        stats.record_step(n, len(path), row.session.last_selection if timed else None)
         if row.stats is not None:
             row.stats.record_step(n, len(path), None)
         new = committed.tolist()
@@ -191,13 +213,15 @@ def step_rows(decoder, tp: BatchTreePass, active: list[_Row], stats: GenerationS
     stats.passes += 1
     for name, dt in (("draft", t1 - t0), ("pack", t2 - t1), ("forward", (ta - t2) + (t3 - tb)),
                      ("pick", tb - ta), ("update", t4 - t3), ("compact", t5 - t4)):
-        phase[name] += dt
+        phase[name] += dt  # "pick": on a CPU the processors and picks run on the host
+    if timed:
+        active[0].host_s = (t2 - t0) + (tb - ta) + (t5 - t3)
     return [active[j] for j in still]
 
 
-def _picks(tp: BatchTreePass, active: list[_Row], logits: torch.Tensor) -> torch.Tensor | None:
+def _picks(tp: TreePass, active: list[_Row], logits: torch.Tensor) -> torch.Tensor | None:
     """Each row's node picks [B, T] under sampling or processors (None: every row is plain greedy)."""
-    if all(row.picks is None for row in active):
+    if (active[0].picks is None and len(active) == 1) or all(row.picks is None for row in active):
         return None
     pred = logits.argmax(dim=-1)
     for j, row in enumerate(active):
