@@ -60,7 +60,7 @@ class _ModeledSession:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._session, name)
 
-    def observe_packed(self, packed, k, pass_s, host_s):
+    def observe_packed(self, packed, k, pass_s=None, host_s=None):
         selection = self._session.last_selection
         n = 1 if selection is None else selection[1] + 1
         return self._session.observe_packed(packed, k, None if pass_s is None else self._cost(n) / 1e3,
@@ -80,11 +80,10 @@ def modeled(decoder, points: list[int], ms: list[float]):
     def cost(n: int) -> float:
         return float(np.interp(n, points, ms))
 
-    cls = decoder_module.Decoder
-    original, observe, store = cls._decode, seeding.observe, os.environ.get("RECAP_CACHE")
+    original, observe, store = decoder_module.decode, seeding.observe, os.environ.get("RECAP_CACHE")
 
-    def _decode(self, req, session, *rest):
-        return original(self, req, _ModeledSession(session, cost), *rest)
+    def decode(dec, req, sessions):  # the request loop (`recap.decoding.loop.decode`), on modeled sessions
+        return original(dec, req, [_ModeledSession(session, cost) for session in sessions])
 
     os.environ["RECAP_CACHE"] = "0"
     try:
@@ -93,10 +92,10 @@ def modeled(decoder, points: list[int], ms: list[float]):
             decoder._drafter.set_cost_points(points, [m / 1e3 for m in ms])
         else:  # a peer keeps its own tree sizes (a curve handed to its drafter would cut them)
             decoder._prepare(settle=True)
-        cls._decode, seeding.observe = _decode, (lambda *a, **k: None)
+        decoder_module.decode, seeding.observe = decode, (lambda *a, **k: None)
         yield cost
     finally:
-        cls._decode, seeding.observe = original, observe
+        decoder_module.decode, seeding.observe = original, observe
         if store is None:
             os.environ.pop("RECAP_CACHE", None)
         else:

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from recap import Decoder
+from recap.decoding import decoder as decoder_module
 from recap.verify import seeding
 from scripts import load_script
 
@@ -28,7 +28,7 @@ def assert_charged_the_curve(rows: list[dict], points: list[int], ms: list[float
 
 def test_two_tiny_runs_make_the_same_choices_and_report_them(tmp_path):
     bench = load_bench()
-    decode, observe, share = Decoder._decode, seeding.observe, seeding.head_share
+    decode, observe, share = decoder_module.decode, seeding.observe, seeding.head_share
     store, threads = os.environ.get("RECAP_CACHE"), torch.get_num_threads()
     assert bench.main(["--tiny", "--quiet", "--out", str(tmp_path / "a")]) == 0
     assert bench.main(["--tiny", "--quiet", "--out", str(tmp_path / "b")]) == 0
@@ -42,7 +42,7 @@ def test_two_tiny_runs_make_the_same_choices_and_report_them(tmp_path):
     assert a["summary"]["all"]["prompts"] == len(a["rows"]) == 4
     assert (tmp_path / "a" / "modeled_budget.md").read_text().startswith("modeled curve")
     # The clock, the seeding share's correction, the store and the thread count are as they were.
-    assert (Decoder._decode, seeding.observe, seeding.head_share) == (decode, observe, share)
+    assert (decoder_module.decode, seeding.observe, seeding.head_share) == (decode, observe, share)
     assert (os.environ.get("RECAP_CACHE"), torch.get_num_threads()) == (store, threads)
 
 

@@ -129,7 +129,8 @@ def test_chat_greedy_equals_generate_whole_and_streamed(server, smollm2):
         assert r.usage.completion_tokens == want_n
         assert r.choices[0].finish_reason in ("stop", "length")
         figures = r.model_extra["recap"]
-        assert figures["steps"] >= 1 and figures["tau"] * figures["steps"] >= want_n - 1
+        # tau x steps: the tokens after the first (a float: 39 / 37 x 37 may fall a hair short)
+        assert figures["steps"] >= 1 and round(figures["tau"] * figures["steps"]) >= want_n - 1
         parts, usage, reasons = [], None, []
         for chunk in c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}],
                                                max_tokens=40, stream=True, stream_options={"include_usage": True}):

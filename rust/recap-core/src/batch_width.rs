@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::cost::interp;
+use crate::cost::{interp, tail_slope};
 use crate::error::{Error, Result};
 
 /// Weight of a new observation in the online ratio.
@@ -89,8 +89,7 @@ impl BatchWidth {
         let (p, s) = (&self.points, &self.seconds);
         let m = p.len();
         if m >= 2 && tokens > p[m - 1] {
-            let slope = ((s[m - 1] - s[m - 2]) / (p[m - 1] - p[m - 2])).max(0.0);
-            return s[m - 1] + slope * (tokens - p[m - 1]);
+            return s[m - 1] + tail_slope(p, s) * (tokens - p[m - 1]);
         }
         interp(tokens, p, s)
     }

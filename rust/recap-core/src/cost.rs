@@ -46,6 +46,23 @@ pub struct CostCurve {
     stepped: usize,
 }
 
+/// The slope a curve is extrapolated with past its last point: over its upper half, from
+/// the last point at or below half the last point's tokens (the last segment alone where
+/// there is none). One segment is not enough: two points close together can take equal
+/// times (on a CPU 12 and 16 tokens can cost the same, and a non-decreasing curve makes a
+/// noisy 12 equal to 16), and a zero slope priced every bigger pass at 16 tokens' time.
+pub(crate) fn tail_slope(xs: &[f64], ys: &[f64]) -> f64 {
+    let last = xs.len() - 1;
+    if last == 0 {
+        return 0.0;
+    }
+    let from = (0..last)
+        .rev()
+        .find(|&i| xs[i] <= xs[last] / 2.0)
+        .unwrap_or(last - 1);
+    ((ys[last] - ys[from]) / (xs[last] - xs[from])).max(0.0)
+}
+
 /// np.interp on sorted xs: clamped at both ends.
 pub(crate) fn interp(x: f64, xs: &[f64], ys: &[f64]) -> f64 {
     if x <= xs[0] {
@@ -170,11 +187,7 @@ impl CostCurve {
             ys[i] = ys[i].min(ys[i + 1]);
         }
         let last = xs.len() - 1;
-        let slope = if last >= 1 {
-            ((ys[last] - ys[last - 1]) / (xs[last] - xs[last - 1])).max(0.0)
-        } else {
-            0.0
-        };
+        let slope = tail_slope(&xs, &ys);
         (1..=max_tokens)
             .map(|n| {
                 let n = n as f64;
@@ -271,6 +284,18 @@ mod tests {
         assert!((v[3] - 0.012).abs() < 1e-6, "{}", v[3]); // 4 tokens: their own passes
         assert_eq!(v[2], v[3]); // 3 tokens are priced as 4
         assert!(v[16] > v[15]); // past the first-use points: extrapolated
+    }
+
+    #[test]
+    fn past_the_last_point_the_upper_half_sets_the_slope() {
+        // 12 and 16 took the same time: the slope comes from 8 -> 16, not 12 -> 16.
+        let c = CostCurve::new(
+            vec![1, 2, 4, 8, 12, 16],
+            vec![0.06, 0.08, 0.09, 0.10, 0.12, 0.12],
+        )
+        .unwrap();
+        let v = c.curve(32);
+        assert!((v[31] - (0.12 + 16.0 * 0.0025)).abs() < 1e-6, "{}", v[31]);
     }
 
     #[test]
