@@ -111,7 +111,7 @@ class ContinuousBatch:
             return []
         assert self._tp is not None
         dec = self.decoder
-        budget = dec._batch_budget(len(self.rows))
+        budget = dec._batch_budget()
         still = step_rows(dec, self._tp, self.rows, self.stats, budget, dec.config.k)
         kept = {id(r) for r in still}
         ended = [r for r in self.rows if id(r) not in kept]

@@ -379,7 +379,7 @@ class Decoder:
         memory, calibration = (self.memory, None) if scope is None else scope
         return self._drafter.session(memory=memory, calibration=calibration)
 
-    def _batch_budget(self, rows: int) -> BatchWidth | None:
+    def _batch_budget(self) -> BatchWidth | None:
         """The width controller of batched steps with budget="auto" (None: fixed budgets): one
         tree width per step from every row's ranked gains, priced by the measured curve at
         rows x width tokens and corrected online (Rust, beside the single request's budget)."""

@@ -92,7 +92,7 @@ def decode(decoder, req, sessions: list) -> Any:
     active = [rows[b] for b in keep]
     if len(keep) < req.batch:
         tp.drop(np.asarray(keep, dtype=np.int64))
-    budget = decoder._batch_budget(len(active)) if active else None
+    budget = decoder._batch_budget() if len(active) > 1 else None
     while active:
         before = active
         active = step_rows(decoder, tp, active, stats, budget, k)
