@@ -221,7 +221,7 @@ def step_rows(decoder, tp: TreePass, active: list[_Row], stats: GenerationStats,
 
 def _picks(tp: TreePass, active: list[_Row], logits: torch.Tensor) -> torch.Tensor | None:
     """Each row's node picks [B, T] under sampling or processors (None: every row is plain greedy)."""
-    if (active[0].picks is None and len(active) == 1) or all(row.picks is None for row in active):
+    if all(row.picks is None for row in active):
         return None
     pred = logits.argmax(dim=-1)
     for j, row in enumerate(active):

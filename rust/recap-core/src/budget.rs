@@ -505,10 +505,10 @@ impl AutoBudget {
         let (kept, expected) = (self.last.kept, self.last.expected);
         let mut added = std::mem::take(&mut self.floor_added);
         added.clear();
-        for i in 1..tree.len() {
+        for i in (1..tree.len()).filter(|&i| tree.floor[i]) {
             // Preorder: walking up from a floor node stops at the first kept ancestor.
             let mut v = i;
-            while tree.floor[i] && !keep[v] {
+            while !keep[v] {
                 keep[v] = true;
                 added.push(v as u32);
                 v = tree.parents[v] as usize;
