@@ -25,6 +25,7 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use crate::error::{Error, Result};
+use crate::source_scale::{SourceScale, KINDS};
 use crate::tree::{children_csr, frequent_parts, DraftTree, NodeSource, FREQUENT_MATCHES};
 
 const SCORE_BUCKETS: usize = 64;
@@ -215,6 +216,11 @@ pub struct AutoBudget {
     timed: bool,
     /// The nodes the last step's floor added (scratch).
     floor_added: Vec<u32>,
+    /// This request's correction per source kind, and per node of the last ranking its
+    /// kind and the correction its price carries (a chain inherits its start's).
+    scale: SourceScale,
+    node_kind: Vec<u8>,
+    node_scale: Vec<f32>,
 }
 
 impl AutoBudget {
@@ -242,6 +248,9 @@ impl AutoBudget {
             plain_age: 0,
             timed: false,
             floor_added: Vec::new(),
+            scale: SourceScale::default(),
+            node_kind: Vec::new(),
+            node_scale: Vec::new(),
         };
         b.set_cost(cost)?;
         Ok(b)
@@ -306,6 +315,21 @@ impl AutoBudget {
             d - 1
         } else {
             (16 + (d - 17) / 8).min(CHAIN_DEPTHS - 1)
+        }
+    }
+
+    /// A bucket's source kind (`source_scale::KINDS`).
+    fn kind(bucket: usize) -> usize {
+        if bucket < SCORE_BUCKETS {
+            0
+        } else if bucket < SCORE_BUCKETS + CHAIN_BUCKETS {
+            1
+        } else if bucket < FREQ_START {
+            2
+        } else if bucket < FREQ_START + FREQ_KIND {
+            3
+        } else {
+            4
         }
     }
 
@@ -377,6 +401,10 @@ impl AutoBudget {
         self.prob.resize(n, 1.0);
         self.mean.clear();
         self.mean.resize(n, 1.0);
+        self.node_kind.clear();
+        self.node_kind.resize(n, u8::MAX);
+        self.node_scale.clear();
+        self.node_scale.resize(n, 1.0);
         self.expected.clear();
         self.expected.push(0.0);
         self.order.clear();
@@ -397,14 +425,26 @@ impl AutoBudget {
             for j in s..e {
                 let c = b.children[j] as usize;
                 let bucket = Self::bucket(tree, c);
+                let kind = Self::kind(bucket);
+                // This request's correction applies where a source's guess starts (a chain
+                // below its own start inherits it through its parent's price).
+                let continues = Self::is_chain(bucket) && b.node_kind[v] == kind as u8;
+                let f = if continues { 1.0 } else { b.scale.factor(kind) };
+                b.node_kind[c] = kind as u8;
+                b.node_scale[c] = if !Self::is_chain(bucket) {
+                    f
+                } else {
+                    b.node_scale[v] * f
+                };
                 let priced = if Self::is_chain(bucket) {
                     (
-                        b.prob[v] * b.optimistic(bucket),
-                        b.mean[v] * b.probability(bucket),
+                        b.prob[v] * b.optimistic(bucket) * f,
+                        b.mean[v] * b.probability(bucket) * f,
                     )
                 } else {
-                    (b.optimistic(bucket), b.probability(bucket))
+                    (b.optimistic(bucket) * f, b.probability(bucket) * f)
                 };
+                let priced = (priced.0.min(1.0), priced.1.min(1.0));
                 b.siblings.push((priced.0, priced.1, c as u32));
             }
             b.siblings
@@ -436,6 +476,16 @@ impl AutoBudget {
         &self.gains
     }
 
+    /// Counts a kept node of the last ranking at what the table alone expected of it, for
+    /// this request's correction.
+    fn expect_kept(&mut self, v: usize) {
+        let kind = self.node_kind[v] as usize;
+        if kind < KINDS {
+            let raw = self.mean[v] / self.node_scale[v].max(1e-6);
+            self.scale.expect(kind, raw.min(1.0));
+        }
+    }
+
     /// Marks in `keep` the root and the first `m` nodes of the last ranking (of a tree of
     /// `n` nodes), and records the selection.
     pub fn keep_ranked(&mut self, m: usize, n: usize, keep: &mut Vec<bool>) {
@@ -443,8 +493,10 @@ impl AutoBudget {
         keep.clear();
         keep.resize(n, false);
         keep[0] = true;
-        for &v in &self.order[..m] {
-            keep[v as usize] = true;
+        for j in 0..m {
+            let v = self.order[j] as usize;
+            keep[v] = true;
+            self.expect_kept(v);
         }
         self.last = Selection {
             offered: n - 1,
@@ -534,6 +586,9 @@ impl AutoBudget {
             if (1.0 + expected + gain) / self.cost_of(kept + added.len() + 1) >= before {
                 self.last.kept += added.len();
                 self.last.expected += gain;
+                for &v in &added {
+                    self.expect_kept(v as usize);
+                }
             } else {
                 for &v in &added {
                     keep[v as usize] = false;
@@ -546,6 +601,7 @@ impl AutoBudget {
     /// A new request: its backoff starts afresh (the calibration carries over).
     pub fn begin_request(&mut self) {
         self.backoff = Backoff::default();
+        self.scale.reset();
     }
 
     /// Pauses of drafting in this request so far (for statistics).
@@ -665,8 +721,10 @@ impl AutoBudget {
             accepted[i] = true;
         }
         let hit_of = |h: bool| h as u8 as f32;
+        let mut by_kind = [0.0f32; KINDS];
         for (i, &hit) in accepted.iter().enumerate().skip(1) {
             let b = Self::bucket(tree, i);
+            by_kind[Self::kind(b)] += hit_of(hit);
             if Self::is_chain(b) {
                 // A hold rate: observed only where the chain held up to the parent.
                 if !accepted[tree.parents[i] as usize] {
@@ -687,6 +745,7 @@ impl AutoBudget {
                 self.hits[b] *= 0.5;
             }
         }
+        self.scale.observe(&by_kind);
     }
 
     /// (bucket kind, key, prior, observed count, calibrated rate) for every bucket with
@@ -986,6 +1045,7 @@ mod tests {
         let cost: Vec<f32> = (1..=64).map(|n| 1.0 + 0.05 * (n - 1) as f32).collect();
         let t = chain(8);
         let mut b = AutoBudget::new(cost).unwrap();
+        b.scale.turn_off(); // the backoff alone (the request's correction would price the source down first)
         let mut keep = Vec::new();
         b.select(&t, &mut keep);
         assert!(b.last().kept > 0); // the path scores (0.9^d) promise acceptance
@@ -1082,6 +1142,7 @@ mod tests {
         let cost: Vec<f32> = (1..=64).map(|n| 1.0 + 0.05 * (n - 1) as f32).collect();
         let t = chain(8);
         let mut b = AutoBudget::new(cost).unwrap();
+        b.scale.turn_off(); // the backoff alone
         let mut keep = Vec::new();
         let mut drafted = Vec::new(); // per step: did it draft (and was it judged)?
         for _ in 0..80 {
@@ -1129,6 +1190,61 @@ mod tests {
             "{:?} after {held:?}",
             b.last()
         );
+    }
+
+    #[test]
+    fn a_source_that_fails_in_this_request_is_priced_down_and_the_others_keep_drafting() {
+        // A search guess and a copy after a 40-token match, below the root.
+        let mut t = DraftTree::default();
+        t.reset(1, [NO_TOKEN, NO_TOKEN]);
+        t.push(0, 5, 0.5, NodeSource::Search);
+        let mut v = 0;
+        for d in 0..8 {
+            v = t.push(v, 20 + d, 40.0, NodeSource::Suffix);
+        }
+        t.into_preorder();
+        let chain_kept = |cut: &DraftTree| cut.tokens.iter().filter(|&&x| x >= 20).count();
+        let cost: Vec<f32> = (1..=64).map(|n| 1.0 + 0.05 * (n - 1) as f32).collect();
+        // Earlier requests copied: such chains held every time.
+        let run = |scaled: bool| {
+            let mut b = AutoBudget::new(cost.clone()).unwrap();
+            if !scaled {
+                b.scale.turn_off();
+            }
+            let mut copy = t.clone();
+            let only: Vec<bool> = t.tokens.iter().map(|&x| x != 5).collect();
+            copy.retain(&only);
+            for _ in 0..30 {
+                b.learn(&copy, &(0..copy.len()).collect::<Vec<_>>());
+            }
+            b.begin_request();
+            let mut keep = Vec::new();
+            // This request: the copy never holds, the search guess always does (the first
+            // steps, which verify only the copy, gain nothing: the backoff pauses).
+            let mut kept = Vec::new();
+            for _ in 0..16 {
+                b.select(&t, &mut keep);
+                let mut cut = t.clone();
+                cut.retain(&keep);
+                let on: Vec<usize> = (0..cut.len())
+                    .filter(|&i| i == 0 || cut.tokens[i] == 5)
+                    .collect();
+                b.learn(&cut, &on);
+                kept.push((chain_kept(&cut), cut.tokens.contains(&5)));
+            }
+            kept
+        };
+        let (scaled, table) = (run(true), run(false));
+        assert!(scaled[0].0 >= 4 && table[0].0 >= 4, "{scaled:?} {table:?}");
+        // Within a few steps the copy is left out (but for an exploring step now and then)
+        // and the search guess is verified at every step.
+        let later = &scaled[4..];
+        assert!(later.iter().all(|k| k.1), "{scaled:?}");
+        assert!(later.iter().filter(|k| k.0 > 0).count() <= 2, "{scaled:?}");
+        // The table alone still prices the copy at what earlier requests made of it: the
+        // search guess gets fewer steps.
+        let guessed = |k: &[(usize, bool)]| k.iter().filter(|k| k.1).count();
+        assert!(guessed(&table) < guessed(&scaled) - 4, "{table:?}");
     }
 
     #[test]

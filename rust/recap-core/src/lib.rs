@@ -30,6 +30,7 @@ mod search;
 mod session;
 mod shared_memory;
 mod snapshot;
+mod source_scale;
 mod suffix;
 mod token_set;
 mod transpose;
