@@ -104,6 +104,9 @@ const BACKOFF_MAX: u32 = 64;
 /// output per unit of time (a long copy whose chain holds) drafts during a pause, so the
 /// copying that follows open text is not missed.
 const PAUSE_OVERRIDE: f32 = 1.5;
+/// During a pause, a tree whose pass costs at most this many undrafted steps still drafts
+/// (what the curve's first-use points cannot tell apart from an undrafted step).
+const FREE_MARGIN: f32 = 1.03;
 /// Counts are halved when a bucket reaches this, so the table follows drift.
 const HALF_LIFE: f32 = 2000.0;
 /// Exploration: a tree may keep more nodes than the estimates pay for (the next of
@@ -214,6 +217,10 @@ pub struct AutoBudget {
     plain_age: u32,
     /// Whether steps report their times (then the backoff judges by them).
     timed: bool,
+    /// Whether the last selection drafted what costs no more than an undrafted step, during
+    /// a pause, and the measured time of such steps (0: none yet).
+    free_step: bool,
+    free_s: f32,
     /// The nodes the last step's floor added (scratch).
     floor_added: Vec<u32>,
     /// This request's correction per source kind, and per node of the last ranking its
@@ -247,6 +254,8 @@ impl AutoBudget {
             plain_s: 0.0,
             plain_age: 0,
             timed: false,
+            free_step: false,
+            free_s: 0.0,
             floor_added: Vec::new(),
             scale: SourceScale::default(),
             node_kind: Vec::new(),
@@ -509,6 +518,7 @@ impl AutoBudget {
     /// exploration credit covers its extra cost, the next exploration size.
     pub fn select(&mut self, tree: &DraftTree, keep: &mut Vec<bool>) {
         self.rank(tree);
+        self.free_step = false;
         // Drafting nothing is priced by what an undrafted step measured, where one was timed:
         // on a CPU a one-token pass can cost more than a two-token one (another product, or
         // the cache's heads copied where a pass of several tokens groups them), which the
@@ -533,7 +543,17 @@ impl AutoBudget {
             if holding_copy {
                 (best.1, true)
             } else {
-                (0, false)
+                // What costs no more than an undrafted step still drafts: on a CPU where a
+                // 2-token pass costs what a 1-token one does, a pause that verified the
+                // root alone threw its one likely guess away (SmolLM2, a first request:
+                // 71 of 106 steps undrafted). Such steps are not judged (they cost what the
+                // pause costs), but they are timed: once they measure dearer than an
+                // undrafted step, the pause drafts nothing (a curve that is wrong cannot
+                // make it draft).
+                let free = self.free_prefix(plain);
+                self.backoff.explored = free > 0;
+                self.free_step = free > 0;
+                (free, false)
             }
         } else {
             let chosen = self.explore(best.1);
@@ -544,6 +564,27 @@ impl AutoBudget {
         if drafting {
             self.keep_floor(tree, keep);
         }
+    }
+
+    /// The ranked prefix with the best expected tokens per second (by the calibrated means)
+    /// among those whose pass costs at most FREE_MARGIN times an undrafted step's `plain`;
+    /// 0 where none pays.
+    fn free_prefix(&self, plain: f32) -> usize {
+        if self.timed && self.free_s > FREE_MARGIN * self.plain_s {
+            return 0;
+        }
+        let mut best = (1.0 / plain, 0usize);
+        for kept in 1..self.expected.len() {
+            let cost = self.cost_of(kept + 1);
+            if cost > FREE_MARGIN * plain {
+                break;
+            }
+            let rate = (1.0 + self.expected[kept]) / cost;
+            if rate > best.0 {
+                best = (rate, kept);
+            }
+        }
+        best.1
     }
 
     /// Adds the tree's floor nodes (`DraftTree::floor`) and their paths to the selection just
@@ -633,6 +674,13 @@ impl AutoBudget {
             return;
         }
         self.timed = true;
+        if std::mem::take(&mut self.free_step) {
+            self.free_s = if self.free_s > 0.0 {
+                self.free_s + PLAIN_EMA * (step_s - self.free_s)
+            } else {
+                step_s
+            };
+        }
         if tokens <= 1 {
             self.backoff.pending = None;
             self.plain_s = if self.plain_s > 0.0 {
@@ -854,10 +902,16 @@ mod tests {
         assert!(keep[first] && keep[second]);
         assert_eq!(stepped.last().kept, 3);
         assert_eq!(keep.iter().filter(|&&k| k).count(), 4);
-        // Paused, nothing is drafted, the floor neither.
+        // Paused, the floor is not drafted; what costs no more than an undrafted step is
+        // (here up to 4 tokens), in rank order.
         stepped.backoff.pause_left = 2;
         stepped.select(&t, &mut keep);
-        assert_eq!(stepped.last().kept, 0);
+        assert_eq!(stepped.last().kept, 3);
+        assert!(stepped.free_step);
+        dear.backoff.pause_left = 2;
+        dear.select(&t, &mut keep);
+        assert_eq!(dear.last().kept, 0);
+        assert!(!dear.free_step);
     }
 
     /// One step as a session runs it on `chain`'s tree: select, verify the cut tree, learn.
@@ -1190,6 +1244,30 @@ mod tests {
             "{:?} after {held:?}",
             b.last()
         );
+    }
+
+    #[test]
+    fn a_pause_drafts_what_costs_no_more_than_an_undrafted_step_while_its_times_agree() {
+        let mut t = DraftTree::default(); // two guesses, neither a holding copy
+        t.reset(1, [NO_TOKEN, NO_TOKEN]);
+        t.push(0, 5, 0.4, NodeSource::Search);
+        t.push(1, 6, 0.16, NodeSource::Search);
+        t.into_preorder();
+        // The curve: 2 tokens cost what 1 does, 3 or more dearer.
+        let cost: Vec<f32> = (1..=64).map(|n| if n <= 2 { 1.0 } else { 1.5 }).collect();
+        let mut b = AutoBudget::new(cost).unwrap();
+        let mut keep = Vec::new();
+        b.observe_step(1, 1.0); // an undrafted step measured
+        b.backoff.pause_left = 10;
+        b.select(&t, &mut keep);
+        assert_eq!((b.last().kept, b.free_step), (1, true));
+        b.observe_step(2, 1.01); // it cost what the curve said
+        b.select(&t, &mut keep);
+        assert_eq!(b.last().kept, 1);
+        b.observe_step(2, 3.0); // dearer than an undrafted step: the pause drafts nothing
+        b.observe_step(1, 1.0);
+        b.select(&t, &mut keep);
+        assert_eq!((b.last().kept, b.free_step), (0, false));
     }
 
     #[test]
