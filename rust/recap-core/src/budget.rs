@@ -56,8 +56,13 @@ const AGREEMENT_MATCHES: usize = 3;
 const CHAIN_HOLD: [f32; MATCH_BUCKETS] = [0.5, 0.6, 0.7, 0.8, 0.88, 0.93];
 /// Pseudo-observations the prior is worth.
 const PRIOR_WEIGHT: f32 = 2.0;
-/// Selection uses optimistic probabilities: the estimate plus this many standard errors
-/// (an upper confidence bound). Thinly observed buckets, whose prior is pessimistic, are
+/// Ranking uses optimistic probabilities: the estimate plus this many standard errors
+/// (an upper confidence bound), so the order in which nodes are taken favours the thinly
+/// observed; the size of the prefix is then chosen by the calibrated means (by the bounds
+/// it bought trees that did not pay: modeled on a 2-core VM's curve over the 30 shipped
+/// prompts, 2.358x against 2.340x, humaneval 1.552x against 1.497x, 3.4 against 4.4 nodes
+/// per step on open text; on a flat curve 4.670x against 4.673x), and exploration (below)
+/// verifies past it. Thinly observed buckets, whose prior is pessimistic, are
 /// then verified, observed and corrected instead of never being tried; well-observed buckets
 /// keep their estimate. Where that optimism does not pay in a request, the backoff below
 /// stops drafting. Half a standard error: a whole one bought marginal trees on open text
@@ -525,8 +530,9 @@ impl AutoBudget {
         // non-decreasing curve cannot show.
         let plain = self.undrafted_cost();
         let mut best = (1.0 / plain, 0usize);
-        for kept in 1..self.gains.len() {
-            let rate = (1.0 + self.gains[kept]) / self.cost_of(kept + 1);
+        for kept in 1..self.expected.len() {
+            // By the means: the optimism orders the nodes, it does not pay for them.
+            let rate = (1.0 + self.expected[kept]) / self.cost_of(kept + 1);
             if rate > best.0 {
                 best = (rate, kept);
             }
