@@ -43,6 +43,16 @@ const FREQ_LEVELS: usize = 16;
 const FREQ_KIND: usize = FREQ_LEVELS * FREQUENT_MATCHES;
 const FREQ_START: usize = SCORE_BUCKETS + 2 * CHAIN_BUCKETS;
 const BUCKETS: usize = FREQ_START + 2 * FREQ_KIND;
+/// Where each source kind's buckets start (search scores, chains copied alone, chains the
+/// memory also proposed, frequency-tree nodes alone and agreed), and their names.
+const KIND_START: [usize; KINDS] = [
+    0,
+    SCORE_BUCKETS,
+    SCORE_BUCKETS + CHAIN_BUCKETS,
+    FREQ_START,
+    FREQ_START + FREQ_KIND,
+];
+const KIND_NAMES: [&str; KINDS] = ["score", "chain", "agreed", "frequent", "frequent_agreed"];
 /// Pooled chain rates: per kind and match bucket.
 const POOLS: usize = 2 * MATCH_BUCKETS;
 /// Chain nodes the memory also proposed are priced apart after matches shorter than 8
@@ -332,19 +342,12 @@ impl AutoBudget {
         }
     }
 
-    /// A bucket's source kind (`source_scale::KINDS`).
+    /// A bucket's source kind (an index of KIND_START, `source_scale::KINDS`).
     fn kind(bucket: usize) -> usize {
-        if bucket < SCORE_BUCKETS {
-            0
-        } else if bucket < SCORE_BUCKETS + CHAIN_BUCKETS {
-            1
-        } else if bucket < FREQ_START {
-            2
-        } else if bucket < FREQ_START + FREQ_KIND {
-            3
-        } else {
-            4
-        }
+        KIND_START
+            .iter()
+            .rposition(|&start| bucket >= start)
+            .unwrap_or(0)
     }
 
     fn is_chain(bucket: usize) -> bool {
@@ -529,14 +532,7 @@ impl AutoBudget {
         // the cache's heads copied where a pass of several tokens groups them), which the
         // non-decreasing curve cannot show.
         let plain = self.undrafted_cost();
-        let mut best = (1.0 / plain, 0usize);
-        for kept in 1..self.expected.len() {
-            // By the means: the optimism orders the nodes, it does not pay for them.
-            let rate = (1.0 + self.expected[kept]) / self.cost_of(kept + 1);
-            if rate > best.0 {
-                best = (rate, kept);
-            }
-        }
+        let best = self.best_prefix(plain, f32::INFINITY);
         let mean_rate = (1.0 + self.expected[best.1]) / self.cost_of(best.1 + 1);
         let holding_copy = mean_rate * plain >= PAUSE_OVERRIDE;
         // A pause neither explores nor spends the credit: its steps verify the best choice
@@ -572,25 +568,32 @@ impl AutoBudget {
         }
     }
 
-    /// The ranked prefix with the best expected tokens per second (by the calibrated means)
-    /// among those whose pass costs at most FREE_MARGIN times an undrafted step's `plain`;
-    /// 0 where none pays.
-    fn free_prefix(&self, plain: f32) -> usize {
-        if self.timed && self.free_s > FREE_MARGIN * self.plain_s {
-            return 0;
-        }
+    /// (tokens per second, nodes) of the ranked prefix with the best expected rate among
+    /// those whose pass costs at most `limit`, against an undrafted step costing `plain`
+    /// (0 nodes where none beats it). By the calibrated means: the optimism orders the
+    /// nodes, it does not pay for them.
+    fn best_prefix(&self, plain: f32, limit: f32) -> (f32, usize) {
         let mut best = (1.0 / plain, 0usize);
         for kept in 1..self.expected.len() {
             let cost = self.cost_of(kept + 1);
-            if cost > FREE_MARGIN * plain {
-                break;
+            if cost > limit {
+                break; // the curve does not fall
             }
             let rate = (1.0 + self.expected[kept]) / cost;
             if rate > best.0 {
                 best = (rate, kept);
             }
         }
-        best.1
+        best
+    }
+
+    /// The best prefix whose pass costs at most FREE_MARGIN undrafted steps, unless such
+    /// steps have measured dearer; 0 where none pays.
+    fn free_prefix(&self, plain: f32) -> usize {
+        if self.timed && self.free_s > FREE_MARGIN * self.plain_s {
+            return 0;
+        }
+        self.best_prefix(plain, FREE_MARGIN * plain).1
     }
 
     /// Adds the tree's floor nodes (`DraftTree::floor`) and their paths to the selection just
@@ -680,20 +683,20 @@ impl AutoBudget {
             return;
         }
         self.timed = true;
-        if std::mem::take(&mut self.free_step) {
-            self.free_s = if self.free_s > 0.0 {
-                self.free_s + PLAIN_EMA * (step_s - self.free_s)
+        // Averages of step times (weight PLAIN_EMA), started by their first step.
+        let average = |avg: f32| {
+            if avg > 0.0 {
+                avg + PLAIN_EMA * (step_s - avg)
             } else {
                 step_s
-            };
+            }
+        };
+        if std::mem::take(&mut self.free_step) {
+            self.free_s = average(self.free_s);
         }
         if tokens <= 1 {
             self.backoff.pending = None;
-            self.plain_s = if self.plain_s > 0.0 {
-                self.plain_s + PLAIN_EMA * (step_s - self.plain_s)
-            } else {
-                step_s
-            };
+            self.plain_s = average(self.plain_s);
             self.plain_age = 0;
             return;
         }
@@ -812,20 +815,10 @@ impl AutoBudget {
         (0..BUCKETS)
             .filter(|&b| self.counts[b] > 0.0)
             .map(|b| {
-                let (kind, key) = if b < SCORE_BUCKETS {
-                    ("score", b as u32)
-                } else if b < SCORE_BUCKETS + CHAIN_BUCKETS {
-                    ("chain", (b - SCORE_BUCKETS) as u32)
-                } else if b < FREQ_START {
-                    ("agreed", (b - SCORE_BUCKETS - CHAIN_BUCKETS) as u32)
-                } else if b < FREQ_START + FREQ_KIND {
-                    ("frequent", (b - FREQ_START) as u32)
-                } else {
-                    ("frequent_agreed", (b - FREQ_START - FREQ_KIND) as u32)
-                };
+                let kind = Self::kind(b);
                 (
-                    kind,
-                    key,
+                    KIND_NAMES[kind],
+                    (b - KIND_START[kind]) as u32,
                     self.prior(b),
                     self.counts[b],
                     self.probability(b),
