@@ -45,6 +45,11 @@ pub fn frequent_parts(score: f32) -> (f32, usize) {
     (score - 2.0 * class as f32, class)
 }
 
+/// A copied-text node after a match shorter than this that the frequency tree also proposes is
+/// priced as a frequency node: after a short match the counts of what followed it are the
+/// better evidence, after a long one the match is.
+pub const SHORT_CHAIN_MATCH: usize = 8;
+
 /// Sentinel for "no token" in contexts (the request started fewer than two tokens ago).
 pub const NO_TOKEN: u32 = u32::MAX;
 
@@ -182,8 +187,9 @@ impl DraftTree {
     /// Merges a frequency tree (`nodes`: parent index among `nodes` or -1 for the root,
     /// token, path probability; parents first; grown below a match of `matched` tokens) into
     /// this tree, reusing existing children. A reused search node becomes `FrequentAgreed`
-    /// and takes the frequency score; a reused copied-text node keeps its chain price (a long match is the stronger
-    /// evidence). Nodes below an excluded token or past `max_depth` are dropped. With
+    /// and takes the frequency score; so does a reused copied-text node after a match shorter
+    /// than SHORT_CHAIN_MATCH (`Frequent` where it was copied alone); after a longer match it
+    /// keeps its chain price (the match is the stronger evidence). Nodes below an excluded token or past `max_depth` are dropped. With
     /// `floor`, every placed node (and so its path from the root) is marked `floor`. Returns
     /// the nodes added.
     pub fn graft_frequent(
@@ -206,8 +212,15 @@ impl DraftTree {
             }
             let node = match self.child_with_token(parent, tok) {
                 Some(existing) => {
-                    if self.sources[existing] == NodeSource::Search {
-                        self.sources[existing] = NodeSource::FrequentAgreed;
+                    let short = self.scores[existing] < SHORT_CHAIN_MATCH as f32;
+                    let source = match self.sources[existing] {
+                        NodeSource::Search => Some(NodeSource::FrequentAgreed),
+                        NodeSource::Agreed if short => Some(NodeSource::FrequentAgreed),
+                        NodeSource::Suffix if short => Some(NodeSource::Frequent),
+                        _ => None,
+                    };
+                    if let Some(source) = source {
+                        self.sources[existing] = source;
                         self.scores[existing] = frequent_score(prob, matched);
                     }
                     existing
@@ -502,7 +515,7 @@ mod tests {
         t.reset(10, [NO_TOKEN, NO_TOKEN]);
         let a = t.push(0, 11, 0.6, NodeSource::Search);
         let none = TokenSet::from_ids(64, &[]);
-        t.graft_chain(&[20, 21], 5.0, &none, 8, NodeSource::Suffix);
+        t.graft_chain(&[20, 21], 12.0, &none, 8, NodeSource::Suffix);
         let banned = TokenSet::from_ids(64, &[30]);
         // 11 (reuses the search node), 12 below it, 20 (reuses the copy), 30 (excluded)
         // and 31 below the excluded one, 13 past the depth limit.
@@ -526,7 +539,7 @@ mod tests {
         let (p, class) = frequent_parts(t.scores[a]);
         assert!((p - 0.9).abs() < 1e-5 && class == 1); // a 3-token match: class 1
         assert_eq!(source_of(12), Some(NodeSource::Frequent));
-        assert_eq!(source_of(20), Some(NodeSource::Suffix)); // the copy keeps its price
+        assert_eq!(source_of(20), Some(NodeSource::Suffix)); // a long copy keeps its price
         assert_eq!(source_of(30), None);
         assert_eq!(source_of(31), None);
         assert_eq!(source_of(13), None);
@@ -540,6 +553,26 @@ mod tests {
         keep[t.tokens.iter().position(|&x| x == 12).unwrap()] = false;
         t.retain(&keep);
         assert_eq!(t.floor.iter().filter(|&&f| f).count(), 2); // follows retain
+    }
+
+    #[test]
+    fn a_copy_after_a_short_match_is_priced_by_the_frequency_tree_where_it_agrees() {
+        let mut t = DraftTree::default();
+        t.reset(10, [NO_TOKEN, NO_TOKEN]);
+        let none = TokenSet::from_ids(64, &[]);
+        t.graft_chain(&[20, 21, 22], 3.0, &none, 8, NodeSource::Suffix);
+        let agreed = t.push(0, 40, 0.5, NodeSource::Search);
+        t.graft_chain(&[40], 2.0, &none, 8, NodeSource::Suffix); // the search's node, copied too
+        assert_eq!(t.sources[agreed], NodeSource::Agreed);
+        let (a, b) = (1, 2); // the chain's first two nodes
+        let nodes = [(-1, 20, 0.7), (0, 21, 0.6), (-1, 40, 0.2)];
+        let mut at = Vec::new();
+        assert_eq!(t.graft_frequent(&nodes, 2, &none, 8, false, &mut at), 0);
+        assert_eq!(t.sources[a], NodeSource::Frequent);
+        assert_eq!(t.sources[b], NodeSource::Frequent);
+        assert!((frequent_parts(t.scores[b]).0 - 0.6).abs() < 1e-5);
+        assert_eq!(t.sources[3], NodeSource::Suffix); // past the frequency tree: still a chain
+        assert_eq!(t.sources[agreed], NodeSource::FrequentAgreed);
     }
 
     #[test]
