@@ -48,7 +48,8 @@ def test_first_tree_grafts_the_suffix_continuation():
     # Nothing learned yet: only the continuation of the earlier "1 2" (3 4 1 2) is drafted.
     assert t.tokens.tolist() == [2, 3, 4, 1, 2]
     assert t.parents.tolist() == [-1, 0, 1, 2, 3]
-    assert t.sources.tolist() == [0, 2, 2, 2, 2]
+    # Copied (2); after this short match the frequency tree's first two are its price (4).
+    assert t.sources.tolist() == [0, 4, 4, 2, 2]
     assert t.mask.dtype == np.bool_ and t.mask.shape == (5, 5)
     assert np.array_equal(t.mask, np.tril(np.ones((5, 5), dtype=bool)))
 
