@@ -26,7 +26,9 @@ use std::collections::BinaryHeap;
 
 use crate::error::{Error, Result};
 use crate::source_scale::{SourceScale, KINDS};
-use crate::tree::{children_csr, frequent_parts, DraftTree, NodeSource, FREQUENT_MATCHES};
+use crate::tree::{
+    children_csr, frequent_parts, DraftTree, NodeSource, FREQUENT_MATCHES, SHORT_CHAIN_MATCH,
+};
 
 const SCORE_BUCKETS: usize = 64;
 /// Chain depths 1-16 one by one, then 17-24, 25-32, ..., 57-64 and beyond.
@@ -60,7 +62,8 @@ const POOLS: usize = 2 * MATCH_BUCKETS;
 /// memory predicts the same token tells a copy from a coincidence; a longer match is
 /// evidence enough, and splitting its observations only thins them (in modeled time, 70
 /// prompts, splitting every match length cost the long copies 5-11%).
-const AGREEMENT_MATCHES: usize = 3;
+/// The same bound as the frequency tree's over short copies (`tree::SHORT_CHAIN_MATCH`).
+const AGREEMENT_MATCHES: usize = SHORT_CHAIN_MATCH.ilog2() as usize;
 /// The prior hold rate of a chain (its next token, given the chain held so far), per match
 /// bucket.
 const CHAIN_HOLD: [f32; MATCH_BUCKETS] = [0.5, 0.6, 0.7, 0.8, 0.88, 0.93];

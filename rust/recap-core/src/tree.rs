@@ -189,9 +189,9 @@ impl DraftTree {
     /// this tree, reusing existing children. A reused search node becomes `FrequentAgreed`
     /// and takes the frequency score; so does a reused copied-text node after a match shorter
     /// than SHORT_CHAIN_MATCH (`Frequent` where it was copied alone); after a longer match it
-    /// keeps its chain price (the match is the stronger evidence). Nodes below an excluded token or past `max_depth` are dropped. With
-    /// `floor`, every placed node (and so its path from the root) is marked `floor`. Returns
-    /// the nodes added.
+    /// keeps its chain price (the match is the stronger evidence). Nodes below an excluded
+    /// token or past `max_depth` are dropped. With `floor`, every placed node (and so its path
+    /// from the root) is marked `floor`. Returns the nodes added.
     pub fn graft_frequent(
         &mut self,
         nodes: &[(i32, u32, f32)],
