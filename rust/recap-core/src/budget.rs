@@ -64,6 +64,8 @@ const POOLS: usize = 2 * MATCH_BUCKETS;
 /// prompts, splitting every match length cost the long copies 5-11%).
 /// The same bound as the frequency tree's over short copies (`tree::SHORT_CHAIN_MATCH`).
 const AGREEMENT_MATCHES: usize = SHORT_CHAIN_MATCH.ilog2() as usize;
+// Match buckets are floor(log2(match)): the two bounds agree only at a power of two.
+const _: () = assert!(SHORT_CHAIN_MATCH.is_power_of_two());
 /// The prior hold rate of a chain (its next token, given the chain held so far), per match
 /// bucket.
 const CHAIN_HOLD: [f32; MATCH_BUCKETS] = [0.5, 0.6, 0.7, 0.8, 0.88, 0.93];

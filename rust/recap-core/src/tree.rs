@@ -212,11 +212,12 @@ impl DraftTree {
             }
             let node = match self.child_with_token(parent, tok) {
                 Some(existing) => {
-                    let short = self.scores[existing] < SHORT_CHAIN_MATCH as f32;
+                    // A chain's score is the length of the match that produced it.
+                    let short = || self.scores[existing] < SHORT_CHAIN_MATCH as f32;
                     let source = match self.sources[existing] {
                         NodeSource::Search => Some(NodeSource::FrequentAgreed),
-                        NodeSource::Agreed if short => Some(NodeSource::FrequentAgreed),
-                        NodeSource::Suffix if short => Some(NodeSource::Frequent),
+                        NodeSource::Agreed if short() => Some(NodeSource::FrequentAgreed),
+                        NodeSource::Suffix if short() => Some(NodeSource::Frequent),
                         _ => None,
                     };
                     if let Some(source) = source {
