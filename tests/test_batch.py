@@ -91,7 +91,7 @@ def assert_text_family_batches(family: str, drafters) -> None:
         if family != "Gemma 2":
             # transformers' own batched Gemma 2 (eager attention, sliding window) turns padding
             # rows into NaN that reach the real tokens, so its batched generate is not its
-            # batch-1 generate; recap's rows still are (see tree_pass._zero_padding).
+            # batch-1 generate; recap's rows still are (see prefill._zero_padding).
             assert torch.equal(out, batched), name
 
 
@@ -102,11 +102,11 @@ def test_every_text_family_batched_equals_batch_1_and_batched_generate(family):
 
 @pytest.mark.parametrize("family", list(TEXT_FAMILIES))
 def test_a_padded_prefill_as_on_an_accelerator_keeps_every_row_its_own_generate(family, monkeypatch):
-    """On an accelerator text rows are prefilled as one left-padded pass (tree_pass.one_padded_prefill);
+    """On an accelerator text rows are prefilled as one left-padded pass (prefill.one_padded_prefill);
     forced here on the CPU, every row still equals its generate at batch 1 and batched generate's."""
-    import recap.verify.tree_pass as tree_pass
+    import recap.verify.prefill as prefill
 
-    monkeypatch.setattr(tree_pass, "one_padded_prefill", lambda device: True)
+    monkeypatch.setattr(prefill, "one_padded_prefill", lambda device: True)
     assert_text_family_batches(family, DRAFTERS[:1] + DRAFTERS[2:3])
 
 

@@ -109,6 +109,80 @@ def test_each_rows_mask_sees_its_own_prefix_and_tree_and_a_window_hides_what_lie
                 assert (sliding[b, 0, i, c] == neg) == (c - pad <= node - 4), (b, i, c)
 
 
+def _sliding_reference(pad, past, width, depths, block, window, neg):
+    """Row b's sliding-window mask [T, W + T] from scratch (see `TreePass._slid`)."""
+    t = len(depths)
+    want = np.full((t, width + t), neg, dtype=np.float32)
+    for i, d in enumerate(depths):
+        node = past - pad + d
+        for c in range(pad, past):
+            if c - pad > node - window:
+                want[i, c] = 0.0
+        for j, dk in enumerate(depths):
+            if block[i, j] == 0.0 and not dk <= d - window:
+                want[i, width + j] = 0.0
+    return want
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_the_sliding_window_mask_kept_across_steps_equals_one_written_from_scratch(rows):
+    """The sliding-window mask is a buffer a step only partly rewrites: over steps of
+    growing, ragged rows and trees of every size (deeper than the window too), it equals the
+    mask written whole for each step, and while no key has left any window it is the full
+    mask itself."""
+    from tiny_models import text_model
+
+    adapter = copy.copy(recap.Decoder(text_model("Llama")).adapter)
+    adapter.mask_types = ["full_attention", "sliding_attention"]
+    tp = TreePass(adapter, max_nodes=7, capacity=8, rows=rows)
+    tp.window = window = 6
+    neg = masked_value(torch.float32)
+    rng = np.random.default_rng(1)
+    pads = [0] if rows == 1 else [2, 0]
+    tp.pad[:] = pads
+    tp.past[:] = [p + 1 for p in pads]
+    tp.width = int(tp.past.max())
+    seen_shared = seen_own = False
+    for _step in range(40):
+        sizes = rng.integers(1, 9, size=rows) if _step else np.ones(rows, dtype=np.int64)
+        t = int(sizes.max())
+        # Chains (as deep as the tree allows) and bushes in turn: a node's depth changes from
+        # step to step in both directions.
+        chain = 0.9 if _step % 2 else 0.1
+        parents = [[-1] + [i - 1 if rng.random() < chain else int(rng.integers(0, i)) for i in range(1, n)]
+                   for n in sizes]
+        trees = []
+        for b in range(rows):
+            n = int(sizes[b])
+            depth = np.zeros(t, dtype=np.int64)
+            seen = np.eye(t, dtype=bool)
+            for i in range(1, n):
+                depth[i] = depth[parents[b][i]] + 1
+                seen[i, : n] |= seen[parents[b][i], : n]
+            trees.append((np.where(seen, 0.0, neg).astype(np.float32), depth))
+        if rows == 1:
+            tp.load_tree(np.arange(int(sizes[0])) + 3, parents[0])
+            masks = tp.upload()[2]
+        else:
+            block = torch.from_numpy(np.stack([b for b, _ in trees]))
+            masks = tp.masks(block, torch.from_numpy(np.stack([d for _, d in trees])), t)
+        full, sliding = masks["full_attention"], masks["sliding_attention"]
+        shared = sliding.data_ptr() == full.data_ptr()
+        seen_shared |= shared
+        seen_own |= not shared
+        for b in range(rows):
+            n = int(sizes[b]) if rows == 1 else t
+            block, depth = trees[b]
+            want = _sliding_reference(int(tp.pad[b]), int(tp.past[b]), tp.width, depth[:n], block[:n, :n], window,
+                                      neg)
+            assert np.array_equal(sliding[b, 0].numpy(), want), (_step, b)
+        # Each row commits 1..size tokens; the cache's width becomes the longest row's.
+        tp.past += [int(rng.integers(1, int(n) + 1)) for n in sizes]
+        tp.width = int(tp.past.max())
+        tp._grow_columns(tp.width)
+    assert seen_shared and seen_own
+
+
 def test_a_row_alone_keeps_its_path_and_a_batch_moves_each_rows_nodes():
     from tiny_models import text_model
 

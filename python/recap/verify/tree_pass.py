@@ -32,17 +32,16 @@ head.
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from recap.verify import seeding
+from recap.verify import prefill as prompt_pass
 from recap.verify.cudnn_attention import without_cudnn_attention
 from recap.verify.grouped_attention import grouped
-from recap.verify.kv_cache import DEFAULT_CAPACITY, SlabCache, SlabLayer
+from recap.verify.kv_cache import DEFAULT_CAPACITY, SlabCache
+from recap.verify.prefill import Seed
 
 
 def masked_value(dtype: torch.dtype) -> float:
@@ -58,64 +57,6 @@ def pass_attention(tokens: torch.Tensor) -> Iterator[None]:
     cuDNN attention graph is built for each new shape (`recap.verify.cudnn_attention`)."""
     with grouped(tokens.shape[-1]), without_cudnn_attention(tokens.device):
         yield
-
-
-def prompt_forward(adapter, cache, input_ids, attention_mask, inputs: dict, capture_hidden: bool,
-                   layer_hook=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One prefill forward into `cache`: (the last position's logits [B, V], the final hidden
-    states [B, L, hidden] when `capture_hidden`, taken at the last norm, so the head never
-    runs over the whole prompt here). `layer_hook` is a forward hook for every decoder layer.
-    Hooks act only on this thread's forward: the model is shared with other threads."""
-    captured: list[torch.Tensor] = []
-    me = threading.get_ident()
-
-    def capture(_m, _i, o):
-        if threading.get_ident() == me:
-            captured.append(o)
-
-    norm = adapter.final_norm if capture_hidden else None
-    handles = [norm.register_forward_hook(capture)] if norm is not None else []
-    if layer_hook is not None:
-        handles += [layer.register_forward_hook(layer_hook) for layer in adapter.decoder_layers]
-    try:
-        out = adapter.model(input_ids=input_ids, attention_mask=attention_mask, **{adapter.cache_keyword: cache},
-                            use_cache=True, logits_to_keep=1, **inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return out.logits[:, -1], (captured[-1] if captured else None)
-
-
-def _zero_padding(pads: torch.Tensor, thread: int):
-    """A decoder-layer hook that zeroes the hidden states at padding positions. Padding
-    queries see no key, and some attention implementations (eager, with a sliding window)
-    turn such rows into NaN, which the next layer's keys and values would carry into every
-    row (a masked weight is 0, but 0 x NaN is NaN). Real tokens never attend to padding, so
-    their states are unchanged."""
-
-    def hook(_m, _i, out):
-        if threading.get_ident() != thread:
-            return None
-        hidden = out[0] if isinstance(out, tuple) else out
-        if hidden.shape[:2] != pads.shape:
-            return None
-        hidden = hidden.masked_fill(pads.unsqueeze(-1).to(hidden.device), 0.0)
-        return (hidden, *out[1:]) if isinstance(out, tuple) else hidden
-
-    return hook
-
-
-def one_padded_prefill(device: torch.device) -> bool:
-    """Whether a batch of text prompts is prefilled as one left-padded pass rather than one
-    pass per row: on an accelerator, not on a CPU.
-
-    A CPU's pass costs what its tokens cost, so padding every row to the longest one is paid
-    in full: 4 shipped prompts of 78-757 tokens took 4.1 s padded against 1.4 s one by one on
-    a 2-core CPU. An accelerator's pass at these sizes is bound by launching its kernels, so
-    a pass per row costs a whole pass per row: on an H200 (a 7B-shaped model in bfloat16) 32
-    rows of 72-310 tokens took 625 ms one by one and 248 ms as one padded pass, 8 rows 182 ms
-    and 64 ms (docs/results/gpu.md)."""
-    return device.type != "cpu"
 
 
 class TreePass:
@@ -150,6 +91,10 @@ class TreePass:
         self._staged: dict[tuple[int, int], tuple] = {}  # (rows, T) -> host staging buffers
         self._mask: torch.Tensor | None = None  # the full-attention mask, kept across steps (`masks`)
         self._dirty = 0  # columns from here up may differ from what the rows' state says
+        # The sliding-window mask, kept across steps like the full one once some key falls out
+        # of a window (`_windowed`): columns below `_slide_lo` are out for every node of every row.
+        self._slide: torch.Tensor | None = None
+        self._slide_lo = 0
 
     @property
     def rows(self) -> int:
@@ -157,129 +102,51 @@ class TreePass:
 
     # ---- the prompt ---------------------------------------------------------------------------
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, model_inputs: dict,
-                head_share: float | None = None) -> tuple[torch.Tensor, list[tuple[np.ndarray, np.ndarray, int]]]:
-        """Runs the prompts; returns the last position's logits [B, V] and each row's seed
-        rows (ids, probs, start) over its real tokens, as `TreePass.prefill`.
-
-        On a CPU, text prompts are prefilled one row at a time, each exactly as at batch 1, and
-        land at the start of their cache rows (no padding in the cache: rows are ragged from
-        the start). Prompts with model inputs (images), and every batch on an accelerator, run
-        as one left-padded batch, as batched `generate` runs them (`one_padded_prefill`). A
-        row alone without padding (its images too) is prefilled straight into the slab."""
+                head_share: float | None = None) -> tuple[torch.Tensor, list[Seed]]:
+        """Runs the prompts (`recap.verify.prefill`: alone, one by one or padded); returns the
+        last position's logits [B, V] and each row's seed rows (ids, probs, start) over its
+        real tokens. Afterwards every row's committed columns are its prompt (and its padding)."""
+        adapter, k = self.adapter, self.k
         if self.rows == 1 and (attention_mask is None or bool(attention_mask.all())):
-            return self._alone_prefill(input_ids, attention_mask, model_inputs, head_share)
-        if attention_mask is None:
+            last, seeds = prompt_pass.alone(adapter, self.cache, input_ids, attention_mask, model_inputs, k, head_share)
+            self.pad[:], self.past[:] = 0, input_ids.shape[1]
+            self.offsets[0] = adapter.position_offset()
+        elif attention_mask is None:
             raise ValueError(f"prefill: expected an attention mask for {self.rows} rows, got None")
-        if model_inputs or one_padded_prefill(self.device):
-            return self._padded_prefill(input_ids, attention_mask, model_inputs, head_share)
-        lengths = attention_mask.sum(dim=1).tolist()
-        width = int(max(lengths))
-        rows = [input_ids[b, input_ids.shape[1] - n:] for b, n in enumerate(lengths)]
-        keys: list[list[torch.Tensor]] = []
-        values: list[list[torch.Tensor]] = []
-        last, seeds = [], []
-        for b, row in enumerate(rows):
-            cache = SlabCache(len(self.adapter.layer_types), int(lengths[b]))
-            logits, hidden = self._run(row.unsqueeze(0), None, {}, cache, head_share is not None)
-            last.append(logits[0])
-            seeds.append(self._seed_rows(None if hidden is None else hidden[0], head_share))
-            if b == 0:
-                keys = [[] for _ in cache.layers]
-                values = [[] for _ in cache.layers]
-            for i, layer in enumerate(cache.layers):
-                assert isinstance(layer, SlabLayer) and layer.keys is not None and layer.values is not None
-                keys[i].append(layer.keys)
-                values[i].append(layer.values)
-            self.offsets[b] = self.adapter.position_offset()
-        for i in range(len(keys)):  # each layer's rows, start-aligned, written once into the slab
-            k0, v0 = keys[i][0], values[i][0]
-            k = k0.new_zeros((len(rows), *k0.shape[1:-2], width, k0.shape[-1]))
-            v = v0.new_zeros((len(rows), *v0.shape[1:-2], width, v0.shape[-1]))
-            for b in range(len(rows)):
-                n = keys[i][b].shape[-2]
-                k[b, ..., :n, :] = keys[i][b][0]
-                v[b, ..., :n, :] = values[i][b][0]
-            self.cache.update(k, v, i)
-        self.pad[:] = 0
-        self.past[:] = lengths
-        self.width = width
-        return torch.stack(last), seeds
+        elif model_inputs or prompt_pass.one_padded_prefill(self.device):
+            last, seeds, pads = prompt_pass.padded(adapter, self.cache, input_ids, attention_mask, model_inputs, k,
+                                               head_share)
+            self.pad[:], self.past[:] = pads, input_ids.shape[1]
+            self.offsets[:] = adapter.position_offsets(self.rows)
+        else:
+            last, seeds, lengths, offsets = prompt_pass.one_by_one(adapter, self.cache, input_ids, attention_mask, k,
+                                                               head_share)
+            self.pad[:], self.past[:], self.offsets[:] = 0, lengths, offsets
+        self.width = int(self.past.max())
+        self._grow_columns(self.width)
+        return last, seeds
 
-    def _alone_prefill(self, input_ids, attention_mask, model_inputs: dict, head_share: float | None):
-        """One unpadded prompt into row 0 of the slab. How many of its last positions seed
-        the memories follows the head's measured cost, and that seeding's real cost corrects
-        the share the next prompts are seeded by (`recap.verify.seeding`)."""
-        t0 = time.perf_counter()
-        logits, hidden = prompt_forward(self.adapter, self.cache, input_ids, attention_mask, model_inputs,
-                                        capture_hidden=head_share is not None)
-        length = input_ids.shape[1]
-        self.past[:], self.pad[:], self.width = length, 0, length
-        self.offsets[0] = self.adapter.position_offset()
-        self._grow_columns(length)
-        n = 0 if hidden is None or head_share is None else seeding.positions(length, head_share)
-        seeded = hidden[0, length - n:] if hidden is not None and n else None
-        if n:
-            _synchronize(logits.device)
-        t1 = time.perf_counter()
-        rows = seeding.top_rows(self.adapter, seeded, self.k)  # ends with a copy to the host
-        if n:
-            seeding.observe(self.adapter, length, t1 - t0, n, time.perf_counter() - t1)
-        return logits, [(*rows, length - n)]
-
-    def join(self, prompt: torch.Tensor, head_share: float | None = None) -> tuple[torch.Tensor, tuple]:
+    def join(self, prompt: torch.Tensor, head_share: float | None = None) -> tuple[torch.Tensor, Seed]:
         """One more row, between steps: its prompt [L] prefilled alone (exactly as at batch 1)
         and written at the start of a new last row of the slab (`SlabCache.append_row`: the
         rows' used width is copied once into a slab one row larger; a request joins once).
         Returns its last position's logits [V] and its seed rows, as `prefill` does per row."""
-        n = int(prompt.shape[-1])
-        row_cache = SlabCache(len(self.adapter.layer_types), n)
-        logits, hidden = self._run(prompt.reshape(1, n), None, {}, row_cache, head_share is not None)
+        logits, seed, row_cache = prompt_pass.one_row(self.adapter, prompt, self.k, head_share)
         offset = self.adapter.position_offset()
-        seed = self._seed_rows(None if hidden is None else hidden[0], head_share)
-        t = self.max_nodes + 1
-        self.cache.append_row(row_cache, self.width, t)
+        self.cache.append_row(row_cache, self.width, self.max_nodes + 1)
 
         def grown(a: np.ndarray, value: int) -> np.ndarray:
             return np.ascontiguousarray(np.concatenate([a, np.full((1, *a.shape[1:]), value, dtype=a.dtype)]))
 
         for name in ("tokens", "parents", "depths", "positions", "blocks"):
             setattr(self, name, grown(getattr(self, name), 0))
-        self.sizes, self.past = grown(self.sizes, 1), grown(self.past, n)
+        self.sizes, self.past = grown(self.sizes, 1), grown(self.past, int(prompt.shape[-1]))
         self.pad, self.offsets = grown(self.pad, 0), grown(self.offsets, offset)
         self.width = int(self.past.max())
         self._set_length(self.width)
         self._staged.clear()
         self._mask = self._row0 = None  # the rows changed: the next mask is written whole
-        return logits[0], seed
-
-    def _run(self, input_ids, attention_mask, inputs: dict, cache, seed_rows: bool):
-        """One prefill forward into `cache` (`tree_pass.prompt_forward`), padding rows zeroed."""
-        pads = None if attention_mask is None else attention_mask == 0
-        hook = _zero_padding(pads, threading.get_ident()) if pads is not None and bool(pads.any()) else None
-        return prompt_forward(self.adapter, cache, input_ids, attention_mask, inputs, seed_rows, hook)
-
-    def _padded_prefill(self, input_ids, attention_mask, model_inputs: dict, head_share: float | None):
-        """The prompts as one left-padded batch, with the position ids batched `generate`
-        gives them."""
-        inputs = dict(model_inputs)
-        if "position_ids" not in inputs:
-            inputs["position_ids"] = self.model._prepare_position_ids_for_generation(
-                input_ids, {"attention_mask": attention_mask, **inputs})
-        last, hidden = self._run(input_ids, attention_mask, inputs, self.cache, head_share is not None)
-        self.pad[:] = (attention_mask == 0).sum(dim=1).cpu().numpy()
-        self.past[:] = input_ids.shape[1]
-        self.width = input_ids.shape[1]
-        self.offsets[:] = self.adapter.position_offsets(self.rows)
-        seeds = [self._seed_rows(None if hidden is None else hidden[b, int(self.pad[b]):], head_share)
-                 for b in range(self.rows)]
-        return last, seeds
-
-    def _seed_rows(self, hidden: torch.Tensor | None, head_share: float | None):
-        """(ids, probs, start) for a row's real positions `hidden` [n, hidden] (see `recap.verify.seeding`)."""
-        if hidden is None or head_share is None:
-            return (*seeding.top_rows(self.adapter, None, self.k), 0)
-        n = seeding.positions(hidden.shape[0], head_share)
-        return (*seeding.top_rows(self.adapter, hidden[hidden.shape[0] - n:], self.k), hidden.shape[0] - n)
+        return logits, seed
 
     # ---- drafting ------------------------------------------------------------------------------
     def position_base(self, b: int) -> int:
@@ -363,7 +230,7 @@ class TreePass:
         buf[0, 0, :n, w:w + n].copy_(block)
         self._dirty = w
         full = buf[:, :, :n, :w + n]
-        return tokens, positions, self._windowed(full, depths, n), n
+        return tokens, positions, self._windowed(full, depths, n, lo), n
 
     def _mask_buffer(self, t: int, dtype: torch.dtype) -> torch.Tensor:
         """The full-attention mask buffer [B, 1, max nodes + 1, capacity], kept across steps,
@@ -374,6 +241,7 @@ class TreePass:
             buf = self._mask = torch.full((self.rows, 1, self.max_nodes + 1, cap), self.masked, dtype=dtype,
                                           device=self.device)
             self._dirty = 0
+            self._slide = None  # rewritten whole from the new buffer when first needed
         return buf
 
     def masks(self, block: torch.Tensor, depths: torch.Tensor, t: int):
@@ -399,28 +267,54 @@ class TreePass:
         # Next step rewrites from the first column any row may commit into (the trees' own
         # columns are above it).
         self._dirty = min(w, int(self.past.min()))
-        return self._windowed(buf[:, :, :t, :w + t], depths, t)
+        return self._windowed(buf[:, :, :t, :w + t], depths, t, lo)
 
-    def _windowed(self, full: torch.Tensor, depths: torch.Tensor, t: int):
-        """The mask per layer type: `full`, and for sliding-window layers a copy that also
-        hides the keys outside each node's window."""
-        w, masked = self.width, self.masked
+    def _windowed(self, full: torch.Tensor, depths: torch.Tensor, t: int, lo: int):
+        """The mask per layer type: `full` (of which this step rewrote the columns from `lo`
+        up), and for sliding-window layers the same that also hides the keys outside each
+        node's window. While every key lies inside every window that is `full` itself."""
         types = self.adapter.mask_types
         if self.window is None:
             return full
-        # Key column c of row b has real index c - pad; node i's is past - pad + depth[i]; a key
-        # is inside the window when its index > the node's - window.
-        win = self.window
-        past = torch.from_numpy(self.past).to(self.device).unsqueeze(1)
-        lo = (past + depths - win).unsqueeze(-1)  # [B, T, 1]: committed keys at or before lo fall out
-        out_prefix = self._cols[:w].view(1, 1, -1) <= lo
-        out_tree = depths.unsqueeze(1) <= depths.unsqueeze(2) - win  # [B, T(query), T(key)]
-        sliding = full.clone()
-        sliding[:, 0, :, :w].masked_fill_(out_prefix, masked)
-        sliding[:, 0, :, w:].masked_fill_(out_tree, masked)
+        # The last column a node of this step may not see: node i's depth is at most i (parents
+        # come first), so below t.
+        hi = int(self.past.max()) + t - 1 - self.window
+        sliding = full if hi < 0 and self._slide is None else self._slid(depths, t, lo, hi)
         if len(types) == 1:
             return sliding if types[0] == "sliding_attention" else full
         return {"full_attention": full, "sliding_attention": sliding}
+
+    def _slid(self, depths: torch.Tensor, t: int, lo: int, hi: int) -> torch.Tensor:
+        """The sliding-window mask, a second buffer kept across steps: of its columns a step
+        rewrites only those the full mask rewrote and the window's edge (the keys whose side
+        of the window depends on a node's depth), and masks the ones that fell out since.
+
+        Key column c of row b has real index c - pad; node i's is past - pad + depth[i]; the key
+        is out of the node's window when c <= past + depth[i] - window. Every column an earlier
+        step masked for node row i (c <= its past + i - window) is then at most this step's
+        `hi` or below `band`, so nothing a deeper node once hid stays hidden from a shallower one."""
+        full, w, win, masked = self._mask, self.width, self.window, self.masked
+        assert full is not None and win is not None
+        if self._slide is None:
+            self._slide, self._slide_lo, lo = full.clone(), 0, 0
+        out = self._slide
+        band = max(0, int(self.past.min()) - win + 1)  # below: out for every node of every row
+        start = min(self._slide_lo, lo)
+        if start < band:
+            out[:, 0, :, start:band] = masked
+        edge = min(w, hi + 1)
+        if band < edge:  # the window's edge: copied, then masked node by node
+            out[:, 0, :, band:edge] = full[:, 0, :, band:edge]
+            past = torch.from_numpy(self.past).to(self.device).view(-1, 1, 1)
+            last_out = past + depths.unsqueeze(-1) - win  # [B, T, 1]
+            out[:, 0, :t, band:edge].masked_fill_(self._cols[band:edge].view(1, 1, -1) <= last_out, masked)
+        first = max(lo, edge, band)
+        out[:, 0, :, first:w + t] = full[:, 0, :, first:w + t]  # what the step wrote, inside every window
+        if t - 1 >= win:  # a tree deeper than the window: its deep nodes lose its shallow ones
+            out_tree = depths.unsqueeze(1) <= depths.unsqueeze(2) - win  # [B, T(query), T(key)]
+            out[:, 0, :t, w:w + t].masked_fill_(out_tree, masked)
+        self._slide_lo = band
+        return out[:, :, :t, :w + t]
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask) -> torch.Tensor:
         """Logits [B, T, V] of the loaded trees after each row's committed prefix."""
@@ -530,9 +424,3 @@ class TreePass:
             setattr(self, name, np.ascontiguousarray(getattr(self, name)[keep]))
         self.width = int(self.past.max())
         self._set_length(self.width)
-
-
-def _synchronize(device: torch.device) -> None:
-    """Waits for the device's queued work (a CUDA forward returns before it has run)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
