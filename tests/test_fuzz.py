@@ -6,6 +6,7 @@ or an abort fails the run.
 RECAP_FUZZ_EXAMPLES sets the number of examples (the test command runs a short version)."""
 
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -57,6 +58,9 @@ class CoreMachine(RuleBasedStateMachine):
         self.context_len = 0  # tokens the last successful begin gave
         self.vocab, self.k = 1, 1
         self.pool = MemoryPool(1 << 16, rows_per_scope=64)
+
+    def teardown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)  # each run's saved memories, not left in /tmp
 
     @initialize(vocab=st.integers(-2, 300), k=st.integers(-1, 9), kind=st.sampled_from(KINDS),
                 budget=st.integers(-1, 40), capacity=st.integers(-1, 64))
