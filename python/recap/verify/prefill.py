@@ -8,8 +8,9 @@ Three shapes, by what the rows are and where they run:
   joins a running batch);
 - prompts with model inputs (images), and every batch on an accelerator: one left-padded
   batch, with the position ids batched `generate` gives them (`padded`).
-Each returns the last position's logits and each row's seed rows (ids, probs, start) over its
-real tokens (`recap.verify.seeding`).
+Each returns the last position's logits, each row's seed rows (ids, probs, start) over its
+real tokens (`recap.verify.seeding`) and each row's position offset, which the adapter can tell
+only right after the prompt's forward (`ModelAdapter.position_offset`).
 """
 
 from __future__ import annotations
@@ -85,13 +86,14 @@ def one_padded_prefill(device: torch.device) -> bool:
 
 
 def alone(adapter, cache, input_ids, attention_mask, model_inputs: dict, k: int,
-          head_share: float | None) -> tuple[torch.Tensor, list[Seed]]:
+          head_share: float | None) -> tuple[torch.Tensor, list[Seed], int]:
     """One unpadded prompt into row 0 of `cache`. How many of its last positions seed the
     memories follows the head's measured cost, and that seeding's real cost corrects the
     share the next prompts are seeded by (`recap.verify.seeding`)."""
     t0 = time.perf_counter()
     logits, hidden = prompt_forward(adapter, cache, input_ids, attention_mask, model_inputs,
                                     capture_hidden=head_share is not None)
+    offset = adapter.position_offset()
     length = input_ids.shape[1]
     n = 0 if hidden is None or head_share is None else seeding.positions(length, head_share)
     seeded = hidden[0, length - n:] if hidden is not None and n else None
@@ -101,16 +103,18 @@ def alone(adapter, cache, input_ids, attention_mask, model_inputs: dict, k: int,
     rows = seeding.top_rows(adapter, seeded, k)  # ends with a copy to the host
     if n:
         seeding.observe(adapter, length, t1 - t0, n, time.perf_counter() - t1)
-    return logits, [(*rows, length - n)]
+    return logits, [(*rows, length - n)], offset
 
 
-def one_row(adapter, prompt: torch.Tensor, k: int, head_share: float | None) -> tuple[torch.Tensor, Seed, SlabCache]:
+def one_row(adapter, prompt: torch.Tensor, k: int,
+            head_share: float | None) -> tuple[torch.Tensor, Seed, SlabCache, int]:
     """A prompt [L] prefilled alone, exactly as at batch 1, into a cache of its own: its last
-    logits [V], its seed rows and that cache."""
+    logits [V], its seed rows, that cache and its position offset."""
     n = int(prompt.shape[-1])
     cache = SlabCache(len(adapter.layer_types), n)
     logits, hidden = _run(adapter, prompt.reshape(1, n), None, {}, cache, head_share is not None)
-    return logits[0], seed_rows(adapter, None if hidden is None else hidden[0], k, head_share), cache
+    offset = adapter.position_offset()
+    return logits[0], seed_rows(adapter, None if hidden is None else hidden[0], k, head_share), cache, offset
 
 
 def one_by_one(adapter, slab, input_ids, attention_mask, k: int, head_share: float | None):
@@ -120,11 +124,11 @@ def one_by_one(adapter, slab, input_ids, attention_mask, k: int, head_share: flo
     width = max(lengths)
     last, seeds, caches, offsets = [], [], [], []
     for b, n in enumerate(lengths):
-        logits, seed, cache = one_row(adapter, input_ids[b, input_ids.shape[1] - n:], k, head_share)
+        logits, seed, cache, offset = one_row(adapter, input_ids[b, input_ids.shape[1] - n:], k, head_share)
         last.append(logits)
         seeds.append(seed)
         caches.append(cache)
-        offsets.append(adapter.position_offset())
+        offsets.append(offset)
     for i in range(len(caches[0].layers)):  # each layer's rows, start-aligned, written once
         rows = []
         for cache in caches:
@@ -143,16 +147,17 @@ def one_by_one(adapter, slab, input_ids, attention_mask, k: int, head_share: flo
 
 def padded(adapter, slab, input_ids, attention_mask, model_inputs: dict, k: int, head_share: float | None):
     """The prompts as one left-padded batch into `slab`, with the position ids batched
-    `generate` gives them. Returns (last logits [B, V], seeds, each row's padding)."""
+    `generate` gives them. Returns (last logits [B, V], seeds, each row's padding, position offsets)."""
     inputs = dict(model_inputs)
     if "position_ids" not in inputs:
         inputs["position_ids"] = adapter.model._prepare_position_ids_for_generation(
             input_ids, {"attention_mask": attention_mask, **inputs})
     last, hidden = _run(adapter, input_ids, attention_mask, inputs, slab, head_share is not None)
+    offsets = adapter.position_offsets(input_ids.shape[0])
     pads = (attention_mask == 0).sum(dim=1).cpu().numpy()
     seeds = [seed_rows(adapter, None if hidden is None else hidden[b, int(pads[b]):], k, head_share)
              for b in range(len(pads))]
-    return last, seeds, pads
+    return last, seeds, pads, offsets
 
 
 def _run(adapter, input_ids, attention_mask, inputs: dict, cache, capture_hidden: bool):

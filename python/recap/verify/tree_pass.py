@@ -108,16 +108,15 @@ class TreePass:
         real tokens. Afterwards every row's committed columns are its prompt (and its padding)."""
         adapter, k = self.adapter, self.k
         if self.rows == 1 and (attention_mask is None or bool(attention_mask.all())):
-            last, seeds = prompt_pass.alone(adapter, self.cache, input_ids, attention_mask, model_inputs, k, head_share)
-            self.pad[:], self.past[:] = 0, input_ids.shape[1]
-            self.offsets[0] = adapter.position_offset()
+            last, seeds, offset = prompt_pass.alone(adapter, self.cache, input_ids, attention_mask, model_inputs, k,
+                                                    head_share)
+            self.pad[:], self.past[:], self.offsets[:] = 0, input_ids.shape[1], offset
         elif attention_mask is None:
             raise ValueError(f"prefill: expected an attention mask for {self.rows} rows, got None")
         elif model_inputs or prompt_pass.one_padded_prefill(self.device):
-            last, seeds, pads = prompt_pass.padded(adapter, self.cache, input_ids, attention_mask, model_inputs, k,
-                                               head_share)
-            self.pad[:], self.past[:] = pads, input_ids.shape[1]
-            self.offsets[:] = adapter.position_offsets(self.rows)
+            last, seeds, pads, offsets = prompt_pass.padded(adapter, self.cache, input_ids, attention_mask,
+                                                            model_inputs, k, head_share)
+            self.pad[:], self.past[:], self.offsets[:] = pads, input_ids.shape[1], offsets
         else:
             last, seeds, lengths, offsets = prompt_pass.one_by_one(adapter, self.cache, input_ids, attention_mask, k,
                                                                head_share)
@@ -131,8 +130,7 @@ class TreePass:
         and written at the start of a new last row of the slab (`SlabCache.append_row`: the
         rows' used width is copied once into a slab one row larger; a request joins once).
         Returns its last position's logits [V] and its seed rows, as `prefill` does per row."""
-        logits, seed, row_cache = prompt_pass.one_row(self.adapter, prompt, self.k, head_share)
-        offset = self.adapter.position_offset()
+        logits, seed, row_cache, offset = prompt_pass.one_row(self.adapter, prompt, self.k, head_share)
         self.cache.append_row(row_cache, self.width, self.max_nodes + 1)
 
         def grown(a: np.ndarray, value: int) -> np.ndarray:
