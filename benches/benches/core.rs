@@ -2,7 +2,7 @@
 //! default tree (63 nodes + 4 suffix, depth 10), tables warmed by >= 10,000 node updates.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use recap_benches::{Simulator, VOCAB};
+use recap_benches::{cpu_like_cost, recap_auto_drafter, Simulator, VOCAB};
 use recap_core::Proposal;
 use recap_core::SuffixAutomaton;
 use recap_core::{RecapConfig, RecapDrafter, SharedMemory};
@@ -19,15 +19,6 @@ fn warmed() -> Simulator {
         sim.step();
     }
     sim
-}
-
-/// Propose, pack the mask, verify on the synthetic target, accept and update.
-fn full_step(sim: &mut Simulator, mask: &mut Vec<bool>) -> usize {
-    let t = sim.session.propose().unwrap();
-    mask.resize(t.len() * t.len(), false);
-    t.write_ancestor_mask(mask);
-    sim.verify_current_tree();
-    sim.observe()
 }
 
 fn bench_steps(c: &mut Criterion) {
@@ -73,7 +64,7 @@ fn bench_steps(c: &mut Criterion) {
         })
     });
     g.bench_function("full step (propose + pack + update)", |b| {
-        b.iter(|| black_box(full_step(&mut sim, &mut mask)))
+        b.iter(|| black_box(sim.packed_step(&mut mask)))
     });
     g.finish();
 }
@@ -161,29 +152,18 @@ fn bench_peers(c: &mut Criterion) {
     let mut mask = Vec::new();
     for (name, make) in makers.iter().chain(std::iter::once(&(
         "recap auto budget (63 + 16 adaptive, cut by cost)",
-        Box::new(|m| {
-            let cfg = RecapConfig {
-                suffix_len: 16,
-                suffix_adaptive: true,
-                ..Default::default()
-            };
-            Box::new(RecapDrafter::new(cfg, m, &[]).unwrap()) as Box<dyn recap_core::Drafter>
-        }) as Make,
+        Box::new(recap_auto_drafter) as Make,
     ))) {
         let m = mem();
         let mut sim = Simulator::with_drafter(make(m.clone()), m, 42);
         if name.starts_with("recap auto") {
-            // A CPU-like curve: a pass over n tokens costs 35 ms + 1.5 ms per token.
-            let cost = (1..=96).map(|n| 0.035 + 0.0015 * n as f32).collect();
-            sim.session.set_auto_budget(Some(cost)).unwrap();
+            sim.session.set_auto_budget(Some(cpu_like_cost())).unwrap();
         }
         while sim.updates < 20_000 {
             sim.run_request(200, 200);
         }
         sim.begin_request(200);
-        g.bench_function(*name, |b| {
-            b.iter(|| black_box(full_step(&mut sim, &mut mask)))
-        });
+        g.bench_function(*name, |b| b.iter(|| black_box(sim.packed_step(&mut mask))));
     }
     g.finish();
 }

@@ -146,6 +146,16 @@ impl Simulator {
         self.observe()
     }
 
+    /// One full host step as decoding runs it: propose, pack the tree into its ancestor mask
+    /// (`mask`, reused), verify (synthetic), observe. Returns committed tokens.
+    pub fn packed_step(&mut self, mask: &mut Vec<bool>) -> usize {
+        let t = self.session.propose().unwrap();
+        mask.resize(t.len() * t.len(), false);
+        t.write_ancestor_mask(mask);
+        self.verify_current_tree();
+        self.observe()
+    }
+
     /// Runs a request of `new_tokens` generated tokens.
     pub fn run_request(&mut self, prompt_len: usize, new_tokens: usize) {
         self.begin_request(prompt_len);
@@ -158,4 +168,20 @@ impl Simulator {
     pub fn state_bytes(&self) -> usize {
         self.session.drafter().bytes()
     }
+}
+
+/// RECAP as `budget="auto"` drafts on a CPU: 63 nodes plus up to 16 adaptive suffix nodes,
+/// cut by `cpu_like_cost()` once the session's budget is set.
+pub fn recap_auto_drafter(memory: SharedMemory) -> Box<dyn Drafter> {
+    let cfg = RecapConfig {
+        suffix_len: 16,
+        suffix_adaptive: true,
+        ..Default::default()
+    };
+    Box::new(RecapDrafter::new(cfg, memory, &[]).unwrap())
+}
+
+/// A CPU-like cost curve for 1..=96 nodes: a pass over n tokens costs 35 ms + 1.5 ms per token.
+pub fn cpu_like_cost() -> Vec<f32> {
+    (1..=96).map(|n| 0.035 + 0.0015 * n as f32).collect()
 }
