@@ -20,6 +20,9 @@ def check_recap_config(
     memory_capacity: int,
 ) -> None: ...
 
+def skinny_matmul(w: npt.NDArray[Any], x: npt.NDArray[Any], y: npt.NDArray[Any], threads: int = 1) -> None:
+    """y = x w^T (float32; w [rows, cols], x [n, cols], y [n, rows])."""
+
 def transpose_into(src: npt.NDArray[Any], dst: npt.NDArray[Any], threads: int = 1) -> None:
     """Writes src's transpose into dst (src [r, c], dst [c, r], C-contiguous uint16, uint32
     or uint64: a weight's bits) on up to `threads` threads."""

@@ -1,6 +1,9 @@
 //! `transpose_into(src, dst, threads)`: the blocked transpose behind the CPU linear layout's
 //! weight copies (`recap.linear_layout`). The caller passes the weights' bits as unsigned
 //! integers of the element's size, so one kernel serves every dtype.
+//!
+//! `skinny_matmul(w, x, y, threads)`: the layout's "skinny" product, y = x W^T for the few
+//! rows of a verification pass (float32).
 
 use numpy::{PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -71,6 +74,61 @@ fn transpose_into(
         })
 }
 
+/// Writes y = x w^T: w [rows, cols], x [n, cols], y [n, rows], C-contiguous float32 numpy
+/// arrays, with the weight rows split over up to `threads` threads (the GIL released).
+#[pyfunction]
+#[pyo3(signature = (w, x, y, threads = 1))]
+fn skinny_matmul(
+    py: Python<'_>,
+    w: &Bound<'_, PyAny>,
+    x: &Bound<'_, PyAny>,
+    y: &Bound<'_, PyAny>,
+    threads: usize,
+) -> PyResult<()> {
+    let expected = "a C-contiguous 2-D float32 numpy array";
+    let w = w
+        .extract::<PyReadonlyArray2<'_, f32>>()
+        .map_err(|_| to_py(Error::wrong_type("w", expected, describe(w))))?;
+    let x = x
+        .extract::<PyReadonlyArray2<'_, f32>>()
+        .map_err(|_| to_py(Error::wrong_type("x", expected, describe(x))))?;
+    let mut y = y.extract::<PyReadwriteArray2<'_, f32>>().map_err(|_| {
+        to_py(Error::wrong_type(
+            "y",
+            "a writable C-contiguous 2-D float32 numpy array",
+            describe(y),
+        ))
+    })?;
+    let [rows, cols] = [w.shape()[0], w.shape()[1]];
+    let n = x.shape()[0];
+    if x.shape()[1] != cols {
+        return Err(to_py(Error::shape(
+            "x",
+            format!("[n, {cols}] (w's columns)"),
+            format!("{:?}", x.shape()),
+        )));
+    }
+    if y.shape() != [n, rows] {
+        return Err(to_py(Error::shape(
+            "y",
+            format!("[{n}, {rows}]"),
+            format!("{:?}", y.shape()),
+        )));
+    }
+    let c_order = w.is_c_contiguous() && x.is_c_contiguous() && y.is_c_contiguous();
+    let (true, Ok(ws), Ok(xs), Ok(ys)) = (c_order, w.as_slice(), x.as_slice(), y.as_slice_mut())
+    else {
+        return Err(to_py(Error::invalid(
+            "w, x, y",
+            "C-contiguous arrays",
+            "a strided view",
+        )));
+    };
+    py.detach(|| recap_core::skinny_matmul(ws, rows, cols, xs, n, ys, threads))
+        .map_err(to_py)
+}
+
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(transpose_into, m)?)
+    m.add_function(wrap_pyfunction!(transpose_into, m)?)?;
+    m.add_function(wrap_pyfunction!(skinny_matmul, m)?)
 }
