@@ -9,10 +9,10 @@ import pytest
 import recap
 import torch
 from recap import RecapConfig
-from recap._core import transpose_into
+from recap._core import skinny_matmul, transpose_into
 from recap.first_use.budget import POINTS
 from recap.first_use.layout_choice import PROBE_TOKENS, choose
-from recap.verify.linear_layout import DEFAULT, SWAPPED, TRANSPOSED, LinearLayout, Plan, transposed
+from recap.verify.linear_layout import DEFAULT, SKINNY, SWAPPED, TRANSPOSED, LinearLayout, Plan, transposed
 from tiny_models import llava_inputs, text_model
 
 IDS = torch.tensor([[5, 9, 14, 21, 7, 33, 5, 9, 14, 21]])
@@ -52,17 +52,58 @@ def test_every_plan_computes_what_the_module_computes_at_every_row_count(plan, r
     assert (layout.bytes > 0) == plan.needs_copy  # a copy only where the plan runs it
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 16, 33, 64])
+def test_the_skinny_product_computes_what_the_module_computes_in_float32(rows, monkeypatch):
+    """The Rust kernel on every linear layer of a float32 model (the tiny models are float64,
+    where the skinny product runs the own)."""
+    import recap.verify.linear_layout as layouts
+
+    calls = []
+    monkeypatch.setattr(layouts, "skinny_matmul", lambda *a: calls.append(1) or skinny_matmul(*a))
+    model = copy.deepcopy(text_model("Llama")).float()
+    ids = torch.randint(3, 60, (1, rows))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        with LinearLayout(model).using(SKINNY) as layout:
+            got = model(input_ids=ids).logits
+    assert layout.bytes == 0  # no copy
+    assert len(calls) == len(layout.modules)  # every linear layer ran the kernel
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("rows", "cols", "n"), [(1, 1, 1), (4, 8, 1), (7, 13, 3), (64, 576, 16), (130, 40, 5)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_skinny_matmul_matches_torch_at_odd_shapes_and_thread_counts(rows, cols, n, threads):
+    w, x = torch.randn(rows, cols), torch.randn(n, cols)
+    y = torch.full((n, rows), float("nan"))
+    skinny_matmul(w.numpy(), x.numpy(), y.numpy(), threads)
+    torch.testing.assert_close(y, (x.double() @ w.double().T).float(), rtol=1e-4, atol=1e-4)
+
+
+def test_skinny_matmul_names_what_it_expected():
+    w, x, y = np.zeros((4, 8), np.float32), np.zeros((2, 8), np.float32), np.zeros((2, 4), np.float32)
+    with pytest.raises(TypeError, match="w: expected a C-contiguous 2-D float32 numpy array"):
+        skinny_matmul(w.astype(np.float64), x, y)
+    with pytest.raises(ValueError, match=r"x: expected shape \[n, 8\]"):
+        skinny_matmul(w, np.zeros((2, 7), np.float32), y)
+    with pytest.raises(ValueError, match=r"y: expected shape \[2, 4\]"):
+        skinny_matmul(w, x, np.zeros((4, 2), np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        skinny_matmul(w, x, np.zeros((4, 2), np.float32).T)
+
+
 def test_a_plan_names_the_product_for_each_row_class():
     assert SWAPPED.product(1) == "own" and SWAPPED.product(2) == SWAPPED.product(64) == "swapped"
     assert SWAPPED.product(65) == TRANSPOSED.product(65) == "own"  # a prompt runs as generate runs it
     assert TRANSPOSED.product(1) == TRANSPOSED.product(12) == "copy" and not SWAPPED.needs_copy
     names = {"default": DEFAULT, "transposed": TRANSPOSED, "swapped": SWAPPED,
-             "transposed+swapped": Plan("copy", "swapped"), "transposed+default": Plan("copy", "own")}
+             "transposed+swapped": Plan("copy", "swapped"), "transposed+default": Plan("copy", "own"),
+             "skinny": SKINNY, "skinny+swapped": Plan("skinny", "swapped"), "default+skinny": Plan("own", "skinny")}
     for name, plan in names.items():
         assert plan.name == name and Plan.named(name) == plan
-    with pytest.raises(ValueError, match="expected one of default, .*transposed\\+swapped; got 'fast'"):
+    with pytest.raises(ValueError, match="expected one of default, .*skinny; got 'fast'"):
         Plan.named("fast")
-    with pytest.raises(ValueError, match="one in own, copy"):
+    with pytest.raises(ValueError, match="one in own, copy, skinny"):
         Plan("swapped", "own")
 
 
@@ -381,3 +422,30 @@ def test_reading_the_layout_makes_the_deferred_choice_at_once(monkeypatch):
     assert dec.cost is dec._cost and dec._cost.points  # the curve in the layout chosen
     want = model.generate(**inputs, do_sample=False, max_new_tokens=12, pad_token_id=0)
     assert dec.generate(**inputs, max_new_tokens=12).tolist() == want.tolist()
+
+
+def test_auto_tries_the_skinny_product_on_float32_weights_and_keeps_it_where_fastest(monkeypatch):
+    """Float32 weights: the skinny product is a third plan, timed beside the others; it wins
+    here in both row classes. The float64 tiny models never try it (it would run the own)."""
+    import recap.first_use.layout_choice as choice
+
+    model = copy.deepcopy(text_model("Qwen2")).float()
+    layout = choice.layout_of(model)
+    share = {"default": 1.0, "transposed+swapped": 0.7, "skinny": 0.5}
+    timed = []
+
+    def fake_time(probe, sizes):
+        timed.append(layout.plan.name)
+        return dict.fromkeys(sizes, share[layout.plan.name])
+
+    monkeypatch.setattr(choice, "_time", fake_time)
+    assert choose(model, lambda *a: None, ("skinny", 1), "auto") == SKINNY
+    assert timed == ["default", "transposed+swapped", "skinny"]  # one round: the gain is wide
+    assert layout.bytes == 0  # the copy the other trial made is dropped
+    share["skinny"] = 0.9  # now the swapped product and the copy win
+    assert choose(model, lambda *a: None, ("skinny", 2), "auto") == Plan("copy", "swapped")
+    float64 = copy.deepcopy(text_model("Qwen2"))
+    timed.clear()
+    layout = choice.layout_of(float64)
+    choose(float64, lambda *a: None, ("skinny", 3), "auto")
+    assert "skinny" not in timed

@@ -20,6 +20,7 @@ def check_recap_config(
     memory_capacity: int,
 ) -> None: ...
 
+def _use_openmp(parallel: int, thread_num: int, num_threads: int) -> bool: ...
 def skinny_matmul(w: npt.NDArray[Any], x: npt.NDArray[Any], y: npt.NDArray[Any], threads: int = 1) -> None:
     """y = x w^T (float32; w [rows, cols], x [n, cols], y [n, rows])."""
 

@@ -2,10 +2,11 @@
 ("auto") measured once per model, device, dtype and thread count on real passes and kept in
 the measurement store (`recap.state.measurements`).
 
-The probe times passes of PROBE_TOKENS rows in the model's own products and in a trial plan
-(the transposed copy for one row where the copy fits in memory, the swapped product for
-more), interleaved, and picks per row class: each takes the trial's product where that is
-GAIN faster than the model's own.
+The probe times passes of PROBE_TOKENS rows in the model's own products and in the trial
+plans (the transposed copy for one row where the copy fits in memory, the swapped product for
+more; and, for float32 weights, the Rust core's skinny product at every size), interleaved, and
+picks per row class: each takes the fastest trial's product where that is GAIN faster than
+the model's own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ import torch
 from recap.first_use.budget import POINTS
 from recap.state import measurements
 from recap.state.model_state import state_of
-from recap.verify.linear_layout import DEFAULT, PLAN_NAMES, LinearLayout, Plan, available_memory, layout_of
+from recap.verify.linear_layout import (
+    DEFAULT,
+    PLAN_NAMES,
+    SKINNY,
+    LinearLayout,
+    Plan,
+    available_memory,
+    layout_of,
+    skinny_fits,
+)
 
 LAYOUTS = ("auto", *PLAN_NAMES)
 GAIN = 0.95  # a product replaces the model's own only if its passes take at most this share of the time
@@ -98,19 +108,22 @@ def _measure(candidate: LinearLayout, probe, warm: bool, warm_copy, copy_fits: b
     interleaved rounds so a disturbance touches every product."""
     if not warm:
         probe()  # warm-up (builds the probe's context)
-    # One trial plan: the copy for one row (where it fits), the swapped product for more
-    # (a swapped pass of one row would time the own again). The copy for many rows is left
-    # out: it lost to the swapped product at every size tried, and a third plan is a third
-    # of the probe's time.
-    trial = Plan("copy" if copy_fits else "own", "swapped")
+    # The trial plans: the copy for one row (where it fits), the swapped product for more (a
+    # swapped pass of one row would time the own again); the skinny product at every size
+    # where every weight is float32. The copy for many rows is left out: it lost to the
+    # swapped product at every size tried, and each plan adds to the probe's time.
+    trials = [Plan("copy" if copy_fits else "own", "swapped")]
+    if all(skinny_fits(m.weight) for m in candidate.modules):
+        trials.append(SKINNY)
     times: dict[tuple[str, int], list[float]] = {}
     sizes: tuple[int, ...] = PROBE_TOKENS
     for round_ in range(2):
         _record(times, DEFAULT, _time(probe, sizes))
-        with candidate.using(trial):
-            if trial.needs_copy and round_ == 0:
-                warm_copy()
-            _record(times, trial, _time(probe, tuple(n for n in sizes if trial.product(n) != "own")))
+        for trial in trials:
+            with candidate.using(trial):
+                if trial.needs_copy and round_ == 0:
+                    warm_copy()
+                _record(times, trial, _time(probe, tuple(n for n in sizes if trial.product(n) != "own")))
         # A gain this wide is not noise; anything less is timed twice (keeping a slower
         # product for good costs more than one more round), at the sizes of its class only.
         plan, sizes = _pick(times)
@@ -138,7 +151,7 @@ def _pick(times: dict[tuple[str, int], list[float]]) -> tuple[Plan, tuple[int, .
     chosen = {"one": "own", "few": "own"}
     undecided: tuple[int, ...] = ()
     for cls, sizes in classes.items():
-        tried = {p: r for p in ("copy", "swapped") if (r := ratio(p, sizes)) is not None}
+        tried = {p: r for p in ("copy", "swapped", "skinny") if (r := ratio(p, sizes)) is not None}
         if not tried:  # nothing to choose from (no copy that fits, say)
             continue
         best = min(tried, key=lambda p: tried[p])

@@ -10,6 +10,12 @@ and 66 ms as `(W @ x^T)^T` (no copy); one token takes 56, 49 and 56 ms. The prod
 - ``own``: the module's own forward.
 - ``copy``: x @ (a contiguous copy of W^T); extra memory: one copy of the linear weights.
 - ``swapped``: (W @ x^T)^T on the weight as it is (no copy): used for 2..FEW_ROWS rows only.
+- ``skinny``: the Rust core's `skinny_matmul` on the weight as it is (no copy; float32 only,
+  any other dtype runs the own): it reads each weight once per pass whatever the rows, where
+  BLAS products built for large matrices leave bandwidth unused (SmolLM2-135M's 211 products,
+  2-core VM, medians of 7 interleaved rounds: 45 / 55 / 57 / 67 / 88 ms for 1 / 2 / 4 / 8 / 16
+  rows against the swapped product's 78 / 58 / 65 / 95 / 111 and the own's 76 ms for one row;
+  reading the weights once takes 28).
 
 A `Plan` names the product for one row and the one for 2..FEW_ROWS rows; past FEW_ROWS (a
 prefill) every plan runs the module's own forward, so prompts are processed as `generate`
@@ -20,31 +26,34 @@ model, device, dtype and thread count on real verification passes.
 from __future__ import annotations
 
 import copy
+import ctypes
+import functools
 import os
 import threading
 from dataclasses import dataclass
 
 import torch
 
-from recap._core import transpose_into
+from recap._core import _use_openmp, skinny_matmul, transpose_into
 from recap.state.model_state import state_of
 
-PRODUCTS = ("own", "copy", "swapped")
+PRODUCTS = ("own", "copy", "swapped", "skinny")
+ONE_ROW = ("own", "copy", "skinny")  # the products a pass of one row can run (swapped: the own)
 FEW_ROWS = 64  # the most rows the swapped product runs for: past it (a prompt) MKL's own is faster
-_NAMES = {"own": "default", "copy": "transposed", "swapped": "swapped"}
+_NAMES = {"own": "default", "copy": "transposed", "swapped": "swapped", "skinny": "skinny"}
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The product a pass of one row runs (`one`: own or copy) and the one a pass of
-    2..FEW_ROWS rows runs (`few`: own, copy or swapped)."""
+    """The product a pass of one row runs (`one`: own, copy or skinny) and the one a pass of
+    2..FEW_ROWS rows runs (`few`: own, copy, swapped or skinny)."""
 
     one: str = "own"
     few: str = "own"
 
     def __post_init__(self) -> None:
-        if self.one not in ("own", "copy") or self.few not in PRODUCTS:
-            raise ValueError(f"Plan: expected one in own, copy and few in {', '.join(PRODUCTS)}; "
+        if self.one not in ONE_ROW or self.few not in PRODUCTS:
+            raise ValueError(f"Plan: expected one in {', '.join(ONE_ROW)} and few in {', '.join(PRODUCTS)}; "
                              f"got one={self.one!r}, few={self.few!r}")
 
     def product(self, rows: int) -> str:
@@ -58,7 +67,7 @@ class Plan:
 
     @property
     def name(self) -> str:
-        """"default", "transposed" or "swapped" where one product serves both (a swapped
+        """"default", "transposed", "swapped" or "skinny" where one product serves both (a swapped
         product of one row is the own), else the one-row product's name and the few-row
         one's joined by "+" ("transposed+swapped")."""
         one, few = _NAMES[self.one], _NAMES[self.few]
@@ -77,7 +86,8 @@ class Plan:
 DEFAULT = Plan("own", "own")
 TRANSPOSED = Plan("copy", "copy")
 SWAPPED = Plan("own", "swapped")
-_BY_NAME = {plan.name: plan for plan in (Plan(one, few) for one in ("own", "copy") for few in PRODUCTS)}
+SKINNY = Plan("skinny", "skinny")
+_BY_NAME = {plan.name: plan for plan in (Plan(one, few) for one in ONE_ROW for few in PRODUCTS)}
 PLAN_NAMES = tuple(_BY_NAME)
 
 
@@ -119,6 +129,37 @@ def _swapped(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.mm(w, x.t()).t().contiguous()
 
 
+def skinny_fits(w: torch.Tensor) -> bool:
+    """Whether the skinny product runs for weight `w` (else the module's own does)."""
+    return w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2 and w.is_contiguous()
+
+
+@functools.cache
+def _on_torchs_threads() -> bool:
+    """Hands the skinny product's threads to torch's OpenMP runtime, once: a second set of
+    threads spinning beside torch's team on the same cores made a whole SmolLM2 pass 1.7x
+    slower. Where torch runs another backend, or the runtime's entry points are not in the
+    process's global symbols, the kernel keeps its own helpers."""
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return False
+    try:
+        lib = ctypes.CDLL(None)
+        names = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+        addresses = [ctypes.cast(getattr(lib, n), ctypes.c_void_p).value or 0 for n in names]
+    except (AttributeError, OSError):
+        return False
+    return bool(_use_openmp(*addresses))
+
+
+def _skinny(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x @ w^T by the Rust core's kernel for few rows, on torch's thread count (and threads)."""
+    _on_torchs_threads()
+    x = x.contiguous()
+    y = torch.empty((x.shape[0], w.shape[0]), dtype=torch.float32)
+    skinny_matmul(w.detach().numpy(), x.numpy(), y.numpy(), torch.get_num_threads())
+    return y
+
+
 class _RoutedForward:
     """A module's forward while its layout is active: the product the plan of the calling
     thread names for the rows of `x`, but only for threads that activated the layout and only
@@ -142,6 +183,8 @@ class _RoutedForward:
             y = x @ self.layout._copies[self.index]
         elif product == "swapped":
             y = _swapped(m.weight, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], m.weight.shape[0])
+        elif product == "skinny" and x.dtype == torch.float32 and skinny_fits(m.weight):
+            y = _skinny(m.weight, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], m.weight.shape[0])
         else:
             return type(m).forward(m, x)
         return y if m.bias is None else y + m.bias

@@ -4,7 +4,14 @@
 //! each thread: spawning threads per product would cost as much as the product. The helpers
 //! stay alive, spin briefly after a job (the next product of the pass follows within
 //! microseconds) and then sleep, so an idle process costs nothing.
+//!
+//! Inside a process whose other work runs on an OpenMP team (torch's CPU backend), a second
+//! set of spinning threads competes with that team for the same cores: a whole SmolLM2 pass
+//! took 1.7x longer so. `use_openmp` hands the parts to the process's own OpenMP runtime
+//! instead (`GOMP_parallel`, which libgomp, LLVM's and Intel's runtimes all export), so the
+//! products run on the team torch's operations run on.
 
+use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -16,6 +23,79 @@ const SPIN: Duration = Duration::from_micros(200);
 const MAX_HELPERS: usize = 63;
 
 type Task = dyn Fn(usize) + Sync;
+
+type GompParallel =
+    unsafe extern "C" fn(unsafe extern "C" fn(*mut c_void), *mut c_void, c_uint, c_uint);
+type OmpQuery = unsafe extern "C" fn() -> c_int;
+
+/// The OpenMP runtime's entry points, once `use_openmp` named them.
+struct OpenMp {
+    parallel: GompParallel,
+    thread_num: OmpQuery,
+    num_threads: OmpQuery,
+}
+
+static OPENMP: OnceLock<OpenMp> = OnceLock::new();
+
+/// Runs every later job on the process's OpenMP runtime: `parallel`, `thread_num` and
+/// `num_threads` are the addresses of its `GOMP_parallel`, `omp_get_thread_num` and
+/// `omp_get_num_threads`. Returns false where a runtime was named already (the first stays).
+///
+/// # Safety
+/// The addresses must be those functions of a runtime loaded for the life of the process.
+pub unsafe fn use_openmp(parallel: usize, thread_num: usize, num_threads: usize) -> bool {
+    if parallel == 0 || thread_num == 0 || num_threads == 0 {
+        return false;
+    }
+    // SAFETY: the caller vouches for the addresses.
+    let omp = unsafe {
+        OpenMp {
+            parallel: std::mem::transmute::<usize, GompParallel>(parallel),
+            thread_num: std::mem::transmute::<usize, OmpQuery>(thread_num),
+            num_threads: std::mem::transmute::<usize, OmpQuery>(num_threads),
+        }
+    };
+    OPENMP.set(omp).is_ok()
+}
+
+/// Whether jobs run on an OpenMP runtime (`use_openmp`).
+pub fn uses_openmp() -> bool {
+    OPENMP.get().is_some()
+}
+
+struct OmpJob<'a> {
+    task: &'a (dyn Fn(usize) + Sync + 'a),
+    parts: usize,
+    omp: &'a OpenMp,
+}
+
+unsafe extern "C" fn omp_body(data: *mut c_void) {
+    // SAFETY: `data` is the OmpJob that `run_on_openmp` keeps alive until the region ends.
+    let job = unsafe { &*(data as *const OmpJob<'_>) };
+    // SAFETY: the runtime's own queries, called inside its parallel region.
+    let (me, team) = unsafe { ((job.omp.thread_num)(), (job.omp.num_threads)()) };
+    let (me, team) = (me.max(0) as usize, team.max(1) as usize);
+    // A panic must not unwind into C; the part's output is then left as it was.
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        for i in (me..job.parts).step_by(team) {
+            (job.task)(i);
+        }
+    }));
+}
+
+fn run_on_openmp(omp: &OpenMp, parts: usize, task: &(dyn Fn(usize) + Sync + '_)) {
+    let job = OmpJob { task, parts, omp };
+    // SAFETY: GOMP_parallel runs omp_body on a team of up to `parts` threads (this one
+    // included) and returns once every one has finished, so `job` outlives every use.
+    unsafe {
+        (omp.parallel)(
+            omp_body,
+            &job as *const OmpJob<'_> as *mut c_void,
+            parts as c_uint,
+            0,
+        )
+    };
+}
 
 struct Pool {
     /// One job at a time: callers from several threads take turns.
@@ -47,6 +127,10 @@ pub(crate) fn run_parts(parts: usize, task: &(dyn Fn(usize) + Sync + '_)) {
     let parts = parts.min(MAX_HELPERS + 1);
     if parts <= 1 {
         task(0);
+        return;
+    }
+    if let Some(omp) = OPENMP.get() {
+        run_on_openmp(omp, parts, task);
         return;
     }
     let p = pool();

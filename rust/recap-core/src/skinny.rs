@@ -8,6 +8,7 @@
 //! BLOCK weight rows stays in L1 while every input row passes over it.
 
 use crate::error::{Error, Result};
+pub use crate::pool::{use_openmp, uses_openmp};
 
 /// Weight rows multiplied together (their accumulators stay in registers).
 const BLOCK: usize = 4;
@@ -126,7 +127,7 @@ mod avx2 {
 
     /// BLOCK weight rows against C input rows; the columns past the last multiple of 8 in scalar.
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // register tiles: indices read best
     unsafe fn tile<const C: usize>(
         w: *const f32,
         cols: usize,
@@ -247,6 +248,6 @@ mod tests {
         assert!(skinny_matmul(&[0.0; 6], 2, 3, &[0.0; 3], 1, &mut y, 1).is_ok());
         assert!(skinny_matmul(&[0.0; 5], 2, 3, &[0.0; 3], 1, &mut y, 1).is_err());
         assert!(skinny_matmul(&[0.0; 6], 2, 3, &[0.0; 4], 1, &mut y, 1).is_err());
-        assert!(skinny_matmul(&[0.0; 6], 2, 3, &[0.0; 3], 1, &mut vec![0.0; 3], 1).is_err());
+        assert!(skinny_matmul(&[0.0; 6], 2, 3, &[0.0; 3], 1, &mut [0.0; 3], 1).is_err());
     }
 }

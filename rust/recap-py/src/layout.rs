@@ -128,7 +128,19 @@ fn skinny_matmul(
         .map_err(to_py)
 }
 
+/// Runs `skinny_matmul`'s threads on the process's OpenMP runtime (torch's) from now on:
+/// the addresses of its `GOMP_parallel`, `omp_get_thread_num` and `omp_get_num_threads`, as
+/// `ctypes` resolves them. Returns whether it now does. Internal: wrong addresses crash.
+#[pyfunction]
+fn _use_openmp(parallel: usize, thread_num: usize, num_threads: usize) -> bool {
+    // SAFETY: the caller (recap.verify.linear_layout) resolves the addresses from the loaded
+    // runtime, which stays loaded as long as torch does.
+    unsafe { recap_core::use_openmp(parallel, thread_num, num_threads) };
+    recap_core::uses_openmp()
+}
+
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transpose_into, m)?)?;
+    m.add_function(wrap_pyfunction!(_use_openmp, m)?)?;
     m.add_function(wrap_pyfunction!(skinny_matmul, m)?)
 }
