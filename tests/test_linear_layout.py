@@ -449,3 +449,20 @@ def test_auto_tries_the_skinny_product_on_float32_weights_and_keeps_it_where_fas
     layout = choice.layout_of(float64)
     choose(float64, lambda *a: None, ("skinny", 3), "auto")
     assert "skinny" not in timed
+
+
+def test_the_skinny_product_follows_weights_changed_in_place_or_replaced():
+    model = copy.deepcopy(text_model("Llama")).float()
+    layout = LinearLayout(model)
+    ids = torch.randint(3, 60, (1, 4))
+    with torch.no_grad():
+        for change in ("in place", "replaced"):
+            m = layout.modules[0]
+            if change == "in place":
+                m.weight.mul_(1.5)
+            else:
+                m.weight = torch.nn.Parameter(m.weight.detach() * -2.0)
+            want = model(input_ids=ids).logits
+            with layout.using(SKINNY):
+                got = model(input_ids=ids).logits
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -151,12 +151,12 @@ def _on_torchs_threads() -> bool:
     return bool(_use_openmp(*addresses))
 
 
-def _skinny(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """x @ w^T by the Rust core's kernel for few rows, on torch's thread count (and threads)."""
-    _on_torchs_threads()
+def _skinny(w, x: torch.Tensor) -> torch.Tensor:
+    """x @ w^T by the Rust core's kernel for few rows, on torch's thread count; `w` is the
+    weight's numpy view (`LinearLayout._views`: made once, not per call)."""
     x = x.contiguous()
     y = torch.empty((x.shape[0], w.shape[0]), dtype=torch.float32)
-    skinny_matmul(w.detach().numpy(), x.numpy(), y.numpy(), torch.get_num_threads())
+    skinny_matmul(w, x.numpy(), y.numpy(), torch.get_num_threads())
     return y
 
 
@@ -183,8 +183,8 @@ class _RoutedForward:
             y = x @ self.layout._copies[self.index]
         elif product == "swapped":
             y = _swapped(m.weight, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], m.weight.shape[0])
-        elif product == "skinny" and x.dtype == torch.float32 and skinny_fits(m.weight):
-            y = _skinny(m.weight, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], m.weight.shape[0])
+        elif product == "skinny" and x.dtype == torch.float32 and (w := self.layout._views[self.index]) is not None:
+            y = _skinny(w, x.reshape(rows, x.shape[-1])).view(*x.shape[:-1], m.weight.shape[0])
         else:
             return type(m).forward(m, x)
         return y if m.bias is None else y + m.bias
@@ -227,6 +227,10 @@ class LinearLayout:
                                                if isinstance(m, torch.nn.Linear) and _patchable(m)]
         self._copies: list[torch.Tensor] = []
         self._versions: list[int] = []
+        # Each weight's numpy view for the skinny product (None where it cannot run), by the
+        # weights' addresses when made: a weight replaced since gets a new view.
+        self._views: list = [None] * len(self.modules)
+        self._view_addresses: list[int] = []
         self._depth = 0
         self._threads: dict[int, list[Plan]] = {}  # each thread's active plans, innermost last
         self._lock = threading.Lock()
@@ -234,7 +238,8 @@ class LinearLayout:
     def __getstate__(self) -> dict:  # copy.deepcopy(model) copies the layout with it: inactive, no copies
         state = dict(self.__dict__)
         del state["_lock"]
-        state.update(_copies=[], _versions=[], _depth=0, _threads={})
+        state.update(_copies=[], _versions=[], _views=[None] * len(self.modules), _view_addresses=[], _depth=0,
+                     _threads={})
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -266,6 +271,13 @@ class LinearLayout:
                 self._copies = [transposed(m.weight) for m in self.modules]
             self._versions = versions
 
+    def _refresh_views(self) -> None:
+        addresses = [m.weight.data_ptr() for m in self.modules]
+        if addresses != self._view_addresses:
+            self._views = [m.weight.detach().numpy() if skinny_fits(m.weight) else None for m in self.modules]
+            self._view_addresses = addresses
+        _on_torchs_threads()
+
     def using(self, plan: Plan) -> _Activation:
         """A context in which this thread's linear layers run `plan`."""
         return _Activation(self, plan)
@@ -281,6 +293,8 @@ class LinearLayout:
         with self._lock:
             if plan.needs_copy:
                 self._refresh()
+            if "skinny" in (plan.one, plan.few):
+                self._refresh_views()
             if self._depth == 0:
                 for i, m in enumerate(self.modules):
                     if _patchable(m):  # hooks added since are left alone
@@ -308,6 +322,7 @@ class LinearLayout:
                 return
             self._copies = []
             self._versions = []
+            self._views, self._view_addresses = [None] * len(self.modules), []
 
 
 class _Activation:
