@@ -449,6 +449,12 @@ def test_auto_tries_the_skinny_product_on_float32_weights_and_keeps_it_where_fas
     layout = choice.layout_of(float64)
     choose(float64, lambda *a: None, ("skinny", 3), "auto")
     assert "skinny" not in timed
+    monkeypatch.setattr(choice, "skinny_is_vectorised", lambda: False)  # a CPU without AVX2 and FMA
+    timed.clear()
+    model = copy.deepcopy(text_model("Qwen2")).float()
+    layout = choice.layout_of(model)
+    choose(model, lambda *a: None, ("skinny", 4), "auto")
+    assert timed and "skinny" not in timed  # its portable loop is never timed
 
 
 def test_the_skinny_product_follows_weights_changed_in_place_or_replaced():

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from recap._core import skinny_is_vectorised
 from recap.first_use.budget import POINTS
 from recap.state import measurements
 from recap.state.model_state import state_of
@@ -113,7 +114,8 @@ def _measure(candidate: LinearLayout, probe, warm: bool, warm_copy, copy_fits: b
     # where every weight is float32. The copy for many rows is left out: it lost to the
     # swapped product at every size tried, and each plan adds to the probe's time.
     trials = [Plan("copy" if copy_fits else "own", "swapped")]
-    if all(skinny_fits(m.weight) for m in candidate.modules):
+    # (Where the kernel is not vectorised, its portable loop would only lose, slowly.)
+    if skinny_is_vectorised() and all(skinny_fits(m.weight) for m in candidate.modules):
         trials.append(SKINNY)
     times: dict[tuple[str, int], list[float]] = {}
     sizes: tuple[int, ...] = PROBE_TOKENS

@@ -52,7 +52,7 @@ pub use recap::{RecapConfig, RecapDrafter};
 pub use search::{SearchParams, DEFAULT_ETA};
 pub use session::DraftSession;
 pub use shared_memory::{SharedMemory, MAX_K};
-pub use skinny::{skinny_matmul, use_openmp, uses_openmp};
+pub use skinny::{skinny_is_vectorised, skinny_matmul, use_openmp, uses_openmp};
 pub use snapshot::{Expect as SnapshotExpect, Header as SnapshotHeader};
 pub use suffix::SuffixAutomaton;
 pub use token_set::TokenSet;

@@ -13,6 +13,19 @@ pub use crate::pool::{use_openmp, uses_openmp};
 /// Weight rows multiplied together (their accumulators stay in registers).
 const BLOCK: usize = 4;
 
+/// Whether this CPU runs the vectorised kernel (x86-64 with AVX2 and FMA); elsewhere a
+/// portable loop runs, correct but several times slower than a BLAS product.
+pub fn skinny_is_vectorised() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Checks the shapes and writes y [n, rows] = x [n, cols] W^T, W [rows, cols], all row-major,
 /// splitting the weight rows over up to `threads` threads.
 pub fn skinny_matmul(
@@ -79,8 +92,7 @@ fn band(w: &[f32], cols: usize, x: &[f32], n: usize, r0: usize, r1: usize, y: &m
     let rows = y.len() / n;
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if skinny_is_vectorised() {
             // SAFETY: the features were just detected.
             unsafe { avx2::band(w, cols, x, n, r0, r1, y, rows) };
             return;

@@ -139,8 +139,15 @@ fn _use_openmp(parallel: usize, thread_num: usize, num_threads: usize) -> bool {
     recap_core::uses_openmp()
 }
 
+/// Whether `skinny_matmul` runs its vectorised kernel on this CPU (else a portable loop).
+#[pyfunction]
+fn skinny_is_vectorised() -> bool {
+    recap_core::skinny_is_vectorised()
+}
+
 pub fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transpose_into, m)?)?;
+    m.add_function(wrap_pyfunction!(skinny_is_vectorised, m)?)?;
     m.add_function(wrap_pyfunction!(_use_openmp, m)?)?;
     m.add_function(wrap_pyfunction!(skinny_matmul, m)?)
 }
