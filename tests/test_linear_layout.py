@@ -472,3 +472,13 @@ def test_the_skinny_product_follows_weights_changed_in_place_or_replaced():
             with layout.using(SKINNY):
                 got = model(input_ids=ids).logits
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_skinny_product_runs_on_torchs_openmp_team_where_torch_uses_openmp():
+    """A second set of spinning threads beside torch's team doubled a whole pass's time, so
+    where torch's backend is OpenMP the kernel must have found its runtime."""
+    import recap.verify.linear_layout as layouts
+
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("torch runs another parallel backend here")
+    assert layouts._on_torchs_threads()
