@@ -475,7 +475,7 @@ def test_the_skinny_product_follows_weights_changed_in_place_or_replaced():
 
 
 def test_the_skinny_product_runs_on_torchs_openmp_team_where_torch_uses_openmp():
-    """A second set of spinning threads beside torch's team doubled a whole pass's time, so
+    """A second set of spinning threads beside torch's team made a whole pass 1.7-2.1x slower, so
     where torch's backend is OpenMP the kernel must have found its runtime."""
     import recap.verify.linear_layout as layouts
 

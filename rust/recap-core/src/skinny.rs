@@ -8,7 +8,6 @@
 //! BLOCK weight rows stays in L1 while every input row passes over it.
 
 use crate::error::{Error, Result};
-pub use crate::pool::{use_openmp, uses_openmp};
 
 /// Weight rows multiplied together (their accumulators stay in registers).
 const BLOCK: usize = 4;
@@ -54,69 +53,65 @@ pub fn skinny_matmul(
     if rows == 0 || n == 0 {
         return Ok(());
     }
+    let op = Operands {
+        w,
+        x,
+        y: y.as_mut_ptr(),
+        rows,
+        cols,
+        n,
+    };
     let parts = threads.clamp(1, rows.div_ceil(BLOCK));
     if parts == 1 {
-        band(w, cols, x, n, 0, rows, y);
+        band(&op, 0, rows);
         return Ok(());
     }
     let per = rows.div_ceil(BLOCK).div_ceil(parts) * BLOCK;
-    let y_addr = y.as_mut_ptr() as usize;
     crate::pool::run_parts(parts, &|i| {
         let (r0, r1) = (i * per, ((i + 1) * per).min(rows));
         if r0 < r1 {
-            band_raw(w, cols, x, n, r0, r1, y_addr, rows);
+            band(&op, r0, r1);
         }
     });
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn band_raw(
-    w: &[f32],
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: usize,
+/// One product's operands, checked: W [rows, cols] and x [n, cols] read, y [n, rows] written
+/// through a pointer, since each thread's band writes its own columns of every row of y.
+struct Operands<'a> {
+    w: &'a [f32],
+    x: &'a [f32],
+    y: *mut f32,
     rows: usize,
-) {
-    // SAFETY: y points at n * rows floats that outlive the scope; this band only writes its
-    // own columns.
-    let y = unsafe { std::slice::from_raw_parts_mut(y as *mut f32, n * rows) };
-    band(w, cols, x, n, r0, r1, y);
+    cols: usize,
+    n: usize,
 }
 
+// SAFETY: w and x are only read; the bands that share an Operands write disjoint columns of y,
+// which `skinny_matmul` borrows mutably until every band has returned.
+unsafe impl Sync for Operands<'_> {}
+
 /// Columns r0..r1 of y (weight rows r0..r1).
-fn band(w: &[f32], cols: usize, x: &[f32], n: usize, r0: usize, r1: usize, y: &mut [f32]) {
-    let rows = y.len() / n;
+fn band(op: &Operands<'_>, r0: usize, r1: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         if skinny_is_vectorised() {
             // SAFETY: the features were just detected.
-            unsafe { avx2::band(w, cols, x, n, r0, r1, y, rows) };
+            unsafe { avx2::band(op, r0, r1) };
             return;
         }
     }
-    portable_band(w, cols, x, n, r0, r1, y, rows);
+    portable_band(op, r0, r1);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn portable_band(
-    w: &[f32],
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: &mut [f32],
-    rows: usize,
-) {
+fn portable_band(op: &Operands<'_>, r0: usize, r1: usize) {
+    let cols = op.cols;
     for r in r0..r1 {
-        let wr = &w[r * cols..(r + 1) * cols];
-        for j in 0..n {
-            let xj = &x[j * cols..(j + 1) * cols];
-            y[j * rows + r] = wr.iter().zip(xj).map(|(a, b)| a * b).sum();
+        let wr = &op.w[r * cols..(r + 1) * cols];
+        for j in 0..op.n {
+            let xj = &op.x[j * cols..(j + 1) * cols];
+            // SAFETY: j < n and r < rows index y's n * rows elements; column r is this band's.
+            unsafe { *op.y.add(j * op.rows + r) = wr.iter().zip(xj).map(|(a, b)| a * b).sum() };
         }
     }
 }
@@ -125,7 +120,7 @@ fn portable_band(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::BLOCK;
+    use super::{Operands, BLOCK};
 
     #[target_feature(enable = "avx2,fma")]
     unsafe fn hsum(v: __m256) -> f32 {
@@ -174,21 +169,12 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn band(
-        w: &[f32],
-        cols: usize,
-        x: &[f32],
-        n: usize,
-        r0: usize,
-        r1: usize,
-        y: &mut [f32],
-        rows: usize,
-    ) {
-        let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+    pub(super) unsafe fn band(op: &Operands<'_>, r0: usize, r1: usize) {
+        let (cols, rows, n) = (op.cols, op.rows, op.n);
+        let (xp, yp) = (op.x.as_ptr(), op.y);
         let mut r = r0;
         while r + BLOCK <= r1 {
-            let wp = w.as_ptr().add(r * cols);
+            let wp = op.w.as_ptr().add(r * cols);
             let mut j = 0;
             while j + 2 <= n {
                 tile::<2>(wp, cols, xp, yp, rows, r, j);
@@ -200,7 +186,7 @@ mod avx2 {
             r += BLOCK;
         }
         if r < r1 {
-            super::portable_band(w, cols, x, n, r, r1, y, rows);
+            super::portable_band(op, r, r1);
         }
     }
 }
